@@ -1,0 +1,145 @@
+"""The DLR network in training (FFT-convolution) mode.
+
+    encoder -> n_layers x Block -> final norm -> decoder
+
+Block: [norm if prenorm] -> SSM layer -> GELU -> dropout -> linear (H->2H + GLU, or H->H)
+       -> dropout -> residual add -> [norm if postnorm]
+
+Encoders: a token embedding, or an audio frame encoder mapping each full frame of
+`frame_stride` samples to H features with one linear map (causal: a frame is encoded once its
+last sample has arrived). Decoders: a language-model head at every position, or a classifier
+over the causal running mean of the features (mean pooling that can stream).
+
+Everything but the SSM layers is position-wise, so the pieces are shared verbatim with the
+recurrent form (`dlr_runtime.recurrent`), which swaps only the SSM computation.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import DLRConfig
+from .ssm import DiagonalSSM, make_layer
+
+
+def make_norm(cfg: DLRConfig) -> nn.Module:
+    if cfg.norm == "layernorm":
+        return nn.LayerNorm(cfg.d_model)
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.d_model)
+    return nn.Identity()
+
+
+class BlockPointwise(nn.Module):
+    """The position-wise parts of a block: the norms and the output projection."""
+
+    def __init__(self, cfg: DLRConfig) -> None:
+        super().__init__()
+        self.prenorm = cfg.prenorm
+        self.glu = cfg.glu
+        self.norm = make_norm(cfg)
+        self.out = nn.Linear(cfg.d_model, (2 if cfg.glu else 1) * cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def pre(self, h: torch.Tensor) -> torch.Tensor:
+        """(..., H) residual stream -> (..., H) input of the SSM layer."""
+        return self.norm(h) if self.prenorm else h
+
+    def post(self, h: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """Residual stream h and SSM output s, both (..., H) -> new residual stream (..., H)."""
+        z = self.drop(F.gelu(s))
+        z = self.out(z)
+        if self.glu:
+            z = F.glu(z, dim=-1)
+        h = h + self.drop(z)
+        return h if self.prenorm else self.norm(h)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: DLRConfig, gen: torch.Generator | None = None) -> None:
+        super().__init__()
+        self.pw = BlockPointwise(cfg)
+        self.ssm: DiagonalSSM = make_layer(cfg, gen)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """(B, L, H) -> (B, L, H)."""
+        return self.pw.post(h, self.ssm(self.pw.pre(h)))
+
+
+class Encoder(nn.Module):
+    """Tokens (B, L) int -> (B, L, H); or audio (B, L) float -> (B, L // stride, H)."""
+
+    def __init__(self, cfg: DLRConfig) -> None:
+        super().__init__()
+        self.kind = cfg.encoder
+        self.stride = cfg.frame_stride
+        if cfg.encoder == "tokens":
+            self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        else:
+            self.frame = nn.Linear(cfg.frame_stride, cfg.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "tokens":
+            return self.embed(x)
+        return self.encode_frames(frames_of(x, self.stride))
+
+    def encode_frames(self, frames: torch.Tensor) -> torch.Tensor:
+        """Audio frames (..., stride) -> (..., H)."""
+        return self.frame(frames)
+
+
+def frames_of(audio: torch.Tensor, stride: int) -> torch.Tensor:
+    """(B, L) samples -> (B, L // stride, stride); a trailing partial frame has no output yet."""
+    n = audio.shape[1] // stride
+    return audio[:, : n * stride].reshape(audio.shape[0], n, stride)
+
+
+class Head(nn.Module):
+    """Final norm and decoder: LM logits, or class scores of the running mean."""
+
+    def __init__(self, cfg: DLRConfig) -> None:
+        super().__init__()
+        self.kind = cfg.decoder
+        self.norm = make_norm(cfg) if cfg.prenorm else nn.Identity()
+        self.proj = nn.Linear(cfg.d_model, cfg.out_dim)
+
+    def features(self, h: torch.Tensor) -> torch.Tensor:
+        return self.norm(h)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """(B, L, H) -> (B, L, out_dim): at every position, causally."""
+        f = self.features(h)
+        if self.kind == "classifier":
+            count = torch.arange(1, f.shape[1] + 1, device=f.device, dtype=f.dtype)
+            f = torch.cumsum(f, dim=1) / count.view(1, -1, 1)  # running mean (B, L, H)
+        return self.proj(f)
+
+
+class DLRModel(nn.Module):
+    """The whole network; `forward` computes every position at once (training mode)."""
+
+    def __init__(self, cfg: DLRConfig, seed: int | None = None) -> None:
+        super().__init__()
+        gen = None if seed is None else torch.Generator().manual_seed(seed)
+        if seed is not None:
+            torch.manual_seed(seed)
+        self.config = cfg
+        self.encoder = Encoder(cfg)
+        self.blocks = nn.ModuleList(Block(cfg, gen) for _ in range(cfg.n_layers))
+        self.head = Head(cfg)
+
+    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """Input (B, L) -> last residual stream (B, L', H) (L' = L // stride for audio)."""
+        h = self.encoder(x)
+        for block in self.blocks:
+            h = block(h)
+        return h
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Input (B, L) -> (B, L', out_dim): LM logits or running-mean class scores."""
+        return self.head(self.hidden(x))
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

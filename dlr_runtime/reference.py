@@ -1,0 +1,57 @@
+"""Pure-torch reference: the network as a plain loop over time, float64 by default.
+
+This is the specification every fast path (FFT convolution, chunk form, batched step, ONNX
+graphs) is tested against. It is deliberately naive: one position at a time, one layer at a
+time, x_t = lam * x_{t-1} + B u_t with lam = exp(log_lam) formed once in complex128.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from .model import DLRModel
+
+
+@torch.no_grad()
+def reference_forward(
+    model: DLRModel, x: torch.Tensor, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """Input (B, L) -> outputs (B, L', out_dim), exactly what `model(x)` computes.
+
+    For audio, a frame is encoded when its last sample arrives (L' = L // frame_stride).
+    """
+    cfg = model.config
+    m = copy.deepcopy(model).to(dtype).eval()
+    cdtype = torch.complex128 if dtype == torch.float64 else torch.complex64
+    params = [blk.ssm.recurrent_params() for blk in m.blocks]
+    lam = [torch.exp(p.log_lam.to(torch.complex128)).to(cdtype) for p in params]
+    bvec = [p.B.to(cdtype) for p in params]
+    cvec = [p.C.to(cdtype) for p in params]
+    dvec = [p.D.to(dtype) for p in params]
+
+    if cfg.encoder == "tokens":
+        feats = m.encoder.embed(x)  # (B, L, H)
+    else:
+        stride = cfg.frame_stride
+        n = x.shape[1] // stride
+        feats = m.encoder.encode_frames(x[:, : n * stride].to(dtype).reshape(x.shape[0], n, stride))
+
+    bsz, length, h = feats.shape
+    state = [torch.zeros(bsz, h, cfg.d_state, dtype=cdtype) for _ in params]
+    mean_sum = torch.zeros(bsz, h, dtype=dtype)
+    outs = []
+    for t in range(length):
+        hid = feats[:, t]  # (B, H)
+        for i, blk in enumerate(m.blocks):
+            u = blk.pw.pre(hid)
+            state[i] = lam[i] * state[i] + bvec[i] * u.unsqueeze(-1)  # (B, H, N)
+            s = (cvec[i] * state[i]).real.sum(-1) + dvec[i] * u
+            hid = blk.pw.post(hid, s)
+        f = m.head.features(hid)
+        if cfg.decoder == "classifier":
+            mean_sum = mean_sum + f
+            f = mean_sum / (t + 1)
+        outs.append(m.head.proj(f))
+    return torch.stack(outs, dim=1)

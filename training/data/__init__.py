@@ -1,0 +1,1 @@
+"""Data sources for training: synthetic speech commands, real Speech Commands, text, synthetic tasks."""
