@@ -1,0 +1,34 @@
+"""Backends: objects that advance recurrent state (`init_state`, `step`, `chunk`, `scores`).
+
+`make_backend(rec, name)` turns a loaded `RecurrentModel` into the backend the engine calls:
+
+- "torch": the `RecurrentModel` itself (it already has the backend methods), named "torch".
+- "onnx": an ONNX Runtime session built from it (`dlr_runtime.backends.onnx.OnnxBackend`),
+  imported lazily so torch-only installs never load onnxruntime.
+- "auto": the best available backend; currently "torch".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..recurrent import RecurrentModel
+
+BACKEND_NAMES = ("torch", "onnx", "auto")
+
+
+def make_backend(rec: RecurrentModel, name: str = "auto", **options: Any) -> Any:
+    """Return a backend for `rec`; `options` go to the backend's constructor (onnx only)."""
+    if name not in BACKEND_NAMES:
+        raise ValueError(f"unknown backend {name!r}; expected one of {BACKEND_NAMES}")
+    if name in ("torch", "auto"):
+        if options:
+            raise ValueError(f"the torch backend takes no options, got {sorted(options)}")
+        rec.name = "torch"
+        return rec
+    from .onnx import OnnxBackend  # noqa: PLC0415  (optional dependency, loaded on demand)
+
+    return OnnxBackend.from_recurrent(rec, **options)
+
+
+__all__ = ["BACKEND_NAMES", "make_backend"]

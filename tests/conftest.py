@@ -1,0 +1,55 @@
+"""Shared fixtures: tiny random models saved as checkpoints into a temporary models directory.
+
+- `tiny-lm`: a byte-level LM (vocab 258, byte tokenizer metadata).
+- `tiny-speech`: an audio classifier (16 kHz, frame_stride 160, SC10-style labels).
+
+Both are small enough that every test runs in seconds on a CPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlr_runtime import DLRConfig, DLRModel, save_checkpoint
+
+LM_NAME = "tiny-lm"
+SPEECH_NAME = "tiny-speech"
+TOKENIZER = {"type": "bytes", "bos": 256, "eos": 257, "vocab_size": 258}
+LABELS = ["yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go"]
+
+
+def tiny_lm_config() -> DLRConfig:
+    return DLRConfig(d_model=16, d_state=8, n_layers=2, vocab_size=258, init="random")
+
+
+def tiny_speech_config() -> DLRConfig:
+    return DLRConfig(
+        d_model=16,
+        d_state=8,
+        n_layers=2,
+        encoder="audio",
+        decoder="classifier",
+        sample_rate=16000,
+        frame_stride=160,
+        labels=list(LABELS),
+    )
+
+
+def write_models(root: Path) -> Path:
+    """Write both tiny checkpoints under `root` (one directory per model)."""
+    torch.manual_seed(0)
+    lm = DLRModel(tiny_lm_config(), seed=1)
+    with torch.no_grad():  # sharpen the LM so greedy choices are far from ties
+        lm.head.proj.weight.mul_(4.0)
+    save_checkpoint(lm, root / LM_NAME, tokenizer=TOKENIZER)
+    save_checkpoint(DLRModel(tiny_speech_config(), seed=2), root / SPEECH_NAME)
+    return root
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A models directory holding `tiny-lm` and `tiny-speech`."""
+    return write_models(tmp_path_factory.mktemp("models"))

@@ -1,0 +1,75 @@
+"""Snapshot/restore tests: round trip continues exactly, and bad blobs are refused clearly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dlr_runtime import load_recurrent
+from dlr_runtime.backends import make_backend
+from dlr_runtime.engine import Engine, SnapshotError
+from dlr_runtime.engine.snapshot import MAGIC, read_header
+from tests.conftest import LM_NAME, SPEECH_NAME
+
+
+@pytest.fixture(scope="module")
+def engines(models_dir):
+    lm = load_recurrent(models_dir / LM_NAME)
+    sp = load_recurrent(models_dir / SPEECH_NAME)
+    return (
+        Engine(make_backend(lm, "torch"), LM_NAME, 4, metadata=lm.checkpoint_metadata),
+        Engine(make_backend(sp, "torch"), SPEECH_NAME, 4),
+    )
+
+
+def test_lm_snapshot_restore_continues_bitwise(engines):
+    eng, _ = engines
+    a = eng.open()
+    eng.prefill([a], [list(b"a conversation so far")])
+    blob = eng.snapshot(a, extra={"pending": [12]})
+    assert blob.startswith(MAGIC)
+    assert read_header(blob)["model"] == LM_NAME
+    cont_a = eng.decode([a], [ord("!")])[0]
+    b = eng.open()
+    assert eng.restore(b, blob) == {"pending": [12]}
+    cont_b = eng.decode([b], [ord("!")])[0]
+    assert torch.equal(cont_a, cont_b)
+    eng.close(a)
+    eng.close(b)
+
+
+def test_speech_snapshot_mid_frame(engines):
+    _, eng = engines
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(3))
+    a = eng.open()
+    eng.feed_audio([a], [x[:250]])  # 90 samples wait inside a frame
+    blob = eng.snapshot(a)
+    ya = eng.feed_audio([a], [x[250:]])[0]
+    b = eng.open()
+    eng.restore(b, blob)
+    assert eng.pending_in_frame(b) == 90
+    yb = eng.feed_audio([b], [x[250:]])[0]
+    assert torch.equal(ya, yb)
+    eng.close(a)
+    eng.close(b)
+
+
+def test_bad_blobs_refused(engines):
+    lm, sp = engines
+    a = lm.open()
+    blob = lm.snapshot(a)
+    with pytest.raises(SnapshotError, match="modified"):
+        tampered = bytearray(blob)
+        tampered[len(tampered) // 2] ^= 1
+        lm.restore(a, bytes(tampered))
+    with pytest.raises(SnapshotError, match="magic"):
+        lm.restore(a, b"garbage")
+    with pytest.raises(SnapshotError, match="version"):
+        lm.restore(a, blob[:8] + b"\x09" + blob[9:])
+    with pytest.raises(SnapshotError, match="truncated|modified|short"):
+        lm.restore(a, blob[:-5])
+    s = sp.open()
+    with pytest.raises(SnapshotError, match="for model"):
+        sp.restore(s, blob)
+    lm.close(a)
+    sp.close(s)
