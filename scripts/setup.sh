@@ -2,10 +2,16 @@
 # Create .venv with everything the server, training and tests need. Safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if command -v apt-get >/dev/null 2>&1 && { ! command -v espeak-ng >/dev/null || ! command -v sox >/dev/null; }; then
-  echo "[setup] installing espeak-ng and sox (Debian packages)"
+# Debian packages: espeak-ng + sox (offline speech data), chromium + chromium-driver (browser test
+# of server/static), docker-compose v1 (validates compose.yaml; no Docker engine is needed).
+apt_pkgs="espeak-ng sox chromium chromium-driver docker-compose"
+missing=""
+for p in $apt_pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if command -v apt-get >/dev/null 2>&1 && [ -n "$missing" ]; then
+  echo "[setup] installing Debian packages:$missing"
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends espeak-ng sox >/dev/null
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
 fi
 if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv"

@@ -1,0 +1,298 @@
+"""Speech streaming client for ``WS /v1/speech/stream`` (async).
+
+Usage::
+
+    async with AsyncSpeechClient("http://127.0.0.1:8000") as client:
+        async for result in client.stream_file("yes.wav", realtime=True):
+            print(result.label, result.score, "final" if result.is_final else "partial")
+
+One client holds one WebSocket; each ``stream*`` call is one session on it (``start`` ...
+audio ... ``end`` -> ``final``) and sessions run one after another on the same connection.
+Audio is sent by a task of its own while results are read, so partial results arrive as the
+audio goes out. When the connection drops mid-session and the server gave a resume token, the
+client reconnects, resumes the session and re-sends the audio the server had not received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from clients._ws import ClientConfig, Disconnected, WSConnection
+from clients.audio import ENCODINGS, chunk_pcm, read_audio, to_pcm_bytes
+from clients.errors import ConnectionFailed, ProtocolError
+from clients.types import SpeechResult
+
+__all__ = ["AsyncSpeechClient", "SPEECH_PATH"]
+
+SPEECH_PATH = "/v1/speech/stream"
+Chunk = bytes | np.ndarray
+
+
+async def _aiter(chunks: Iterable[Chunk] | AsyncIterable[Chunk]) -> AsyncIterator[Chunk]:
+    if isinstance(chunks, AsyncIterable):
+        async for c in chunks:
+            yield c
+    else:
+        for c in chunks:
+            yield c
+
+
+class _Upload:
+    """The audio of one session: what was sent, and what may have to be sent again."""
+
+    def __init__(self, source: AsyncIterator[Chunk], encoding: str, sample_rate: int) -> None:
+        self.source = source
+        self.encoding = encoding
+        self.bytes_per_second = sample_rate * ENCODINGS[encoding]
+        self.sent = 0  # bytes sent so far (all connections together)
+        self.acked = 0  # bytes the server is known to hold
+        self.unacked: deque[tuple[int, bytes]] = deque()  # (offset, payload) kept for resends
+        self.done = False  # the source is exhausted and "end" was sent
+
+    def ack_ms(self, audio_ms: float) -> None:
+        """The server reported ``audio_ms`` processed: forget payloads wholly before it."""
+        upto = int(audio_ms / 1000.0 * self.bytes_per_second)
+        upto -= upto % ENCODINGS[self.encoding]
+        self.acked = max(self.acked, min(upto, self.sent))
+        while self.unacked and self.unacked[0][0] + len(self.unacked[0][1]) <= self.acked:
+            self.unacked.popleft()
+
+    def resend_from(self, offset: int) -> list[bytes]:
+        """Payloads to send again after a resume at byte ``offset`` (partial first one cut)."""
+        out = []
+        for start, data in self.unacked:
+            end = start + len(data)
+            if end <= offset:
+                continue
+            out.append(data[max(0, offset - start) :])
+        return out
+
+
+class AsyncSpeechClient:
+    """Async client of the speech stream endpoint; use as an async context manager."""
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 60.0,
+        max_reconnects: int = 3,
+        config: ClientConfig | None = None,
+    ) -> None:
+        self.cfg = config or ClientConfig(
+            base_url=base_url,
+            api_key=api_key,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            max_reconnects=max_reconnects,
+        )
+        self.model = model
+        self._conn: WSConnection | None = None
+        self.session_id: str | None = None
+        self.resume_token: str | None = None
+        self.labels: list[str] = []
+        self.reconnects = 0  # resumes performed over this client's life
+
+    async def __aenter__(self) -> AsyncSpeechClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        if self._conn is None or not self._conn.is_open:
+            self._conn = WSConnection(self.cfg, SPEECH_PATH)
+            await self._conn.open()
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+    # ------------------------------------------------------------------ public API
+    async def stream_file(
+        self,
+        path: str | Path,
+        *,
+        chunk_ms: float = 100.0,
+        realtime: bool = False,
+        interim_results: bool = True,
+        encoding: str = "pcm_s16le",
+    ) -> AsyncIterator[SpeechResult]:
+        """Stream an audio file (its own sample rate); yields partials, then the final."""
+        clip = read_audio(path)
+        chunks = (data for data, _ in chunk_pcm(clip, chunk_ms, encoding))
+        async for r in self.stream(
+            chunks,
+            sample_rate=clip.sample_rate,
+            encoding=encoding,
+            realtime=realtime,
+            interim_results=interim_results,
+        ):
+            yield r
+
+    async def recognize_file(self, path: str | Path, **kwargs: Any) -> SpeechResult:
+        """Stream a whole file and return only the final result."""
+        final = None
+        async for r in self.stream_file(path, interim_results=False, **kwargs):
+            if r.is_final:
+                final = r
+        if final is None:
+            raise ProtocolError("the server ended the session without a final result")
+        return final
+
+    async def stream(
+        self,
+        chunks: Iterable[Chunk] | AsyncIterable[Chunk],
+        *,
+        sample_rate: int,
+        encoding: str = "pcm_s16le",
+        realtime: bool = False,
+        interim_results: bool = True,
+    ) -> AsyncIterator[SpeechResult]:
+        """Stream PCM chunks (bytes in ``encoding``, or numpy float/int16 arrays).
+
+        ``realtime`` paces the upload at the audio's own speed (as a microphone would); else
+        chunks go out as fast as the server accepts them. Yields each partial result as it
+        arrives and finally the ``final`` result, then returns.
+        """
+        if encoding not in ENCODINGS:
+            raise ValueError(f"unknown encoding {encoding!r}; use one of {sorted(ENCODINGS)}")
+        if int(sample_rate) <= 0:
+            raise ValueError(f"sample_rate must be a positive integer, got {sample_rate}")
+        upload = _Upload(_aiter(chunks), encoding, int(sample_rate))
+        start = {
+            "type": "start",
+            "sample_rate": int(sample_rate),
+            "encoding": encoding,
+            "interim_results": bool(interim_results),
+        }
+        if self.model:
+            start["model"] = self.model
+        await self.connect()
+        await self._begin(start)
+        t0 = time.monotonic()
+        attempts = 0
+        finished = False
+        try:
+            while True:
+                sender = asyncio.create_task(self._send(upload, realtime, t0))
+                try:
+                    async for result in self._receive(upload, sender):
+                        finished = result.is_final
+                        yield result
+                        if finished:
+                            return
+                    raise ProtocolError("results ended without a final")
+                except Disconnected as exc:
+                    if not (
+                        exc.resumable and self.resume_token and attempts < self.cfg.max_reconnects
+                    ):
+                        raise
+                    attempts += 1
+                finally:
+                    sender.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await sender
+                await self._resume(upload, attempts)
+        finally:
+            if not finished:
+                # left mid-session (an error, or the caller stopped iterating): the connection
+                # is in an unknown state, so the next session opens a new one
+                await self.close()
+
+    # ------------------------------------------------------------------ internals
+    async def _begin(self, start: dict[str, Any]) -> None:
+        assert self._conn is not None
+        await self._conn.send_json(start)
+        ready = await self._conn.recv()
+        if ready.get("type") != "ready":
+            raise ProtocolError(f"expected 'ready' after 'start', got {ready!r}")
+        self.session_id = ready.get("session_id")
+        self.resume_token = ready.get("resume_token")
+        self.labels = list(ready.get("labels") or [])
+
+    async def _send(self, upload: _Upload, realtime: bool, t0: float) -> None:
+        """Send the rest of the audio (after what was already sent), then ``end``."""
+        assert self._conn is not None
+        if upload.done:  # everything went out before a resume; _resume re-sent "end"
+            return
+        async for chunk in upload.source:
+            data = to_pcm_bytes(chunk, upload.encoding)
+            if not data:
+                continue
+            upload.unacked.append((upload.sent, data))
+            upload.sent += len(data)
+            await self._conn.send_bytes(data)
+            if realtime:  # sleep until the wall clock catches up with the audio sent
+                ahead = t0 + upload.sent / upload.bytes_per_second - time.monotonic()
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+        upload.done = True
+        await self._conn.send_json({"type": "end"})
+
+    async def _receive(
+        self, upload: _Upload, sender: asyncio.Task[None]
+    ) -> AsyncIterator[SpeechResult]:
+        assert self._conn is not None
+        while True:
+            recv = asyncio.create_task(self._conn.recv())
+            done, _ = await asyncio.wait({recv, sender}, return_when=asyncio.FIRST_COMPLETED)
+            if sender in done and recv not in done and sender.exception() is not None:
+                recv.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await recv
+                raise sender.exception()  # type: ignore[misc]
+            if recv not in done:  # sender finished cleanly: keep reading
+                await asyncio.wait({recv})
+            msg = recv.result()
+            kind = msg.get("type")
+            if kind in ("partial", "final"):
+                result = SpeechResult.from_message(msg, self.session_id)
+                upload.ack_ms(result.audio_ms)
+                yield result
+            elif kind in ("ready", "resumed", "ping", "pong", "warning", "info"):
+                continue  # informational; ignored
+            else:
+                raise ProtocolError(f"unexpected message during a speech session: {msg!r}")
+
+    async def _resume(self, upload: _Upload, attempt: int) -> None:
+        """Reconnect and resume the live session; re-send what the server did not get."""
+        await asyncio.sleep(self.cfg.reconnect_backoff * 2 ** (attempt - 1))
+        if self._conn is not None:
+            await self._conn.close()
+        self._conn = WSConnection(self.cfg, SPEECH_PATH)
+        try:
+            await self._conn.open()
+        except ConnectionFailed as exc:
+            raise Disconnected(f"reconnect failed: {exc}", 1006) from exc
+        await self._conn.send_json(
+            {"type": "resume", "session_id": self.session_id, "resume_token": self.resume_token}
+        )
+        ready = await self._conn.recv()
+        if ready.get("type") not in ("ready", "resumed"):
+            raise ProtocolError(f"expected 'ready' after 'resume', got {ready!r}")
+        self.resume_token = ready.get("resume_token", self.resume_token)
+        self.reconnects += 1
+        offset = upload.acked
+        if isinstance(ready.get("bytes_received"), int):
+            offset = ready["bytes_received"]
+        elif isinstance(ready.get("audio_ms"), int | float):
+            upload.ack_ms(float(ready["audio_ms"]))
+            offset = upload.acked
+        for data in upload.resend_from(offset):
+            await self._conn.send_bytes(data)
+        if upload.done:
+            await self._conn.send_json({"type": "end"})

@@ -1,0 +1,288 @@
+// dlr-serve demo page: live microphone classification over WS /v1/speech/stream and streamed
+// text generation over POST /v1/generate (Server-Sent Events). Plain browser JavaScript, no
+// build step and no external resources.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const CHUNK_SECONDS = 0.05; // audio per WebSocket message
+
+// ------------------------------------------------------------------ server messages
+function report(text, kind = "error") {
+  const li = document.createElement("li");
+  li.className = kind;
+  li.textContent = `${new Date().toLocaleTimeString()}  ${text}`;
+  $("errors").prepend(li);
+  while ($("errors").children.length > 20) $("errors").lastChild.remove();
+}
+
+function errorText(body, status) {
+  if (body && typeof body === "object") {
+    const e = body.error && typeof body.error === "object" ? body.error : body;
+    if (Array.isArray(e.detail)) {
+      return e.detail.map((d) => `${(d.loc || []).filter((p) => p !== "body").join(".")}: ${d.msg}`).join("; ");
+    }
+    const code = e.code || e.type || `HTTP ${status}`;
+    return `[${code}] ${e.message || e.detail || JSON.stringify(body)}`;
+  }
+  return `HTTP ${status}: ${body || ""}`;
+}
+
+// ------------------------------------------------------------------ models
+async function loadModels() {
+  try {
+    const resp = await fetch("/v1/models");
+    const body = await resp.json();
+    if (!resp.ok) throw new Error(errorText(body, resp.status));
+    const items = Array.isArray(body) ? body : body.data || body.models || [];
+    const speech = items.filter((m) => (m.labels && m.labels.length) || /speech|classifier|audio/.test(m.kind || ""));
+    const lms = items.filter((m) => !speech.includes(m));
+    for (const [sel, list] of [[$("speech-model"), speech], [$("lm-model"), lms]]) {
+      sel.replaceChildren(...list.map((m) => new Option(m.name || m.id, m.name || m.id)));
+    }
+    if (speech[0] && speech[0].labels) drawBars(speech[0].labels, []);
+    $("server-status").textContent = `${items.length} model(s): ${items.map((m) => m.name || m.id).join(", ")}`;
+  } catch (err) {
+    $("server-status").textContent = "server unreachable";
+    report(`cannot list models: ${err.message}`);
+  }
+}
+
+// ------------------------------------------------------------------ bar chart
+let barLabels = [];
+
+function drawBars(labels, top) {
+  if (labels.join("\u0000") !== barLabels.join("\u0000")) {
+    barLabels = labels.slice();
+    $("bars").replaceChildren(
+      ...labels.map((label) => {
+        const row = document.createElement("div");
+        row.className = "bar";
+        row.setAttribute("role", "listitem");
+        row.dataset.label = label;
+        row.innerHTML = '<span class="name"></span><span class="track"><span class="fill"></span></span><span class="val"></span>';
+        row.querySelector(".name").textContent = label;
+        return row;
+      }),
+    );
+  }
+  const scores = new Map(top.map((t) => [t.label, t.score]));
+  // scores are probabilities in [0, 1]; anything else (logits) is shown through a softmax
+  const vals = [...scores.values()];
+  const isProb = vals.every((v) => v >= 0 && v <= 1);
+  let shown = scores;
+  if (!isProb && vals.length) {
+    const m = Math.max(...vals);
+    const z = vals.reduce((a, v) => a + Math.exp(v - m), 0);
+    shown = new Map([...scores].map(([k, v]) => [k, Math.exp(v - m) / z]));
+  }
+  const best = top.length ? top.reduce((a, b) => (b.score > a.score ? b : a)).label : null;
+  for (const row of $("bars").children) {
+    const v = shown.get(row.dataset.label) || 0;
+    row.querySelector(".fill").style.width = `${(100 * v).toFixed(1)}%`;
+    row.querySelector(".val").textContent = scores.has(row.dataset.label) ? scores.get(row.dataset.label).toFixed(3) : "";
+    row.classList.toggle("best", row.dataset.label === best);
+  }
+}
+
+// ------------------------------------------------------------------ microphone -> WebSocket
+const mic = { ctx: null, stream: null, node: null, ws: null, ready: false, stopping: false };
+
+function wsUrl(path) {
+  return `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}${path}`;
+}
+
+function showResult(msg) {
+  $("label").textContent = msg.label;
+  $("label-score").textContent = typeof msg.score === "number" ? msg.score.toFixed(3) : "";
+  const labels = barLabels.length ? barLabels : (msg.top || []).map((t) => t.label);
+  drawBars(labels, msg.top || [{ label: msg.label, score: msg.score }]);
+  const secs = ((msg.audio_ms || 0) / 1000).toFixed(1);
+  $("speech-status").textContent = `${msg.type} at ${secs} s of audio (sending at ${mic.ctx ? mic.ctx.sampleRate : "?"} Hz)`;
+}
+
+async function startMic() {
+  $("mic-start").disabled = true;
+  $("final-label").textContent = "–";
+  try {
+    mic.stream = await navigator.mediaDevices.getUserMedia({
+      audio: { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false },
+    });
+    mic.ctx = new AudioContext();
+    await mic.ctx.audioWorklet.addModule("pcm-worklet.js");
+    await mic.ctx.resume();
+    const rate = mic.ctx.sampleRate;
+    mic.node = new AudioWorkletNode(mic.ctx, "pcm-capture", {
+      processorOptions: { chunkSamples: Math.round(rate * CHUNK_SECONDS) },
+    });
+    const mute = mic.ctx.createGain();
+    mute.gain.value = 0; // keep the node in the rendered graph without playing the mic back
+    mic.ctx.createMediaStreamSource(mic.stream).connect(mic.node).connect(mute).connect(mic.ctx.destination);
+    openSpeechSocket(rate);
+    mic.node.port.onmessage = (e) => {
+      if (mic.ws && mic.ready && mic.ws.readyState === WebSocket.OPEN) mic.ws.send(e.data);
+    };
+    $("mic-stop").disabled = false;
+    $("speech-status").textContent = `Microphone on at ${rate} Hz; connecting…`;
+  } catch (err) {
+    report(`microphone: ${err.message || err}`);
+    await teardownMic();
+  }
+}
+
+function openSpeechSocket(rate) {
+  const ws = new WebSocket(wsUrl("/v1/speech/stream"));
+  ws.binaryType = "arraybuffer";
+  mic.ws = ws;
+  mic.ready = false;
+  ws.onopen = () => {
+    const start = { type: "start", sample_rate: rate, encoding: "pcm_s16le", interim_results: true };
+    if ($("speech-model").value) start.model = $("speech-model").value;
+    ws.send(JSON.stringify(start));
+  };
+  ws.onmessage = (e) => {
+    let msg;
+    try {
+      msg = JSON.parse(e.data);
+    } catch {
+      report(`unexpected message from server: ${String(e.data).slice(0, 100)}`);
+      return;
+    }
+    if (msg.type === "ready") {
+      mic.ready = true;
+      if (msg.labels && msg.labels.length) drawBars(msg.labels, []);
+      $("speech-status").textContent = `Listening at ${rate} Hz (session ${msg.session_id || "?"})`;
+    } else if (msg.type === "partial") {
+      showResult(msg);
+    } else if (msg.type === "final") {
+      showResult(msg);
+      $("final-label").textContent = `${msg.label} (${Number(msg.score).toFixed(3)})`;
+      if (mic.stopping) ws.close(1000);
+    } else if (msg.type === "error") {
+      report(`speech: [${msg.code}] ${msg.message}`);
+    }
+  };
+  ws.onclose = (e) => {
+    if (!mic.stopping && e.code !== 1000) {
+      report(`speech connection closed (code ${e.code}${e.reason ? `: ${e.reason}` : ""})`);
+    }
+    if (mic.ws === ws) teardownMic();
+  };
+  ws.onerror = () => {
+    if (!mic.stopping) report("speech connection error");
+  };
+}
+
+async function stopMic() {
+  $("mic-stop").disabled = true;
+  mic.stopping = true;
+  if (mic.node) mic.node.port.postMessage("stop"); // flush the last partial chunk
+  await new Promise((r) => setTimeout(r, 60));
+  if (mic.ws && mic.ws.readyState === WebSocket.OPEN) {
+    mic.ws.send(JSON.stringify({ type: "end" }));
+    setTimeout(() => mic.ws && mic.ws.readyState === WebSocket.OPEN && mic.ws.close(1000), 5000);
+  } else {
+    await teardownMic();
+  }
+  if (mic.stream) mic.stream.getTracks().forEach((t) => t.stop());
+}
+
+async function teardownMic() {
+  if (mic.stream) mic.stream.getTracks().forEach((t) => t.stop());
+  if (mic.ctx) await mic.ctx.close().catch(() => {});
+  Object.assign(mic, { ctx: null, stream: null, node: null, ws: null, ready: false, stopping: false });
+  $("mic-start").disabled = false;
+  $("mic-stop").disabled = true;
+}
+
+// ------------------------------------------------------------------ generation (SSE over fetch)
+let genAbort = null;
+
+async function* sseEvents(body) {
+  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buf += value;
+    let cut;
+    while ((cut = buf.search(/\r?\n\r?\n/)) >= 0) {
+      const block = buf.slice(0, cut);
+      buf = buf.slice(cut).replace(/^\r?\n\r?\n/, "");
+      let event = "message";
+      const data = [];
+      for (const line of block.split(/\r?\n/)) {
+        if (line.startsWith("event:")) event = line.slice(6).trim();
+        else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+      }
+      if (data.length) yield { event, data: data.join("\n") };
+    }
+  }
+}
+
+async function generate(ev) {
+  ev.preventDefault();
+  const out = $("output");
+  out.textContent = "";
+  $("gen-status").textContent = "generating…";
+  $("gen-start").disabled = true;
+  $("gen-stop").disabled = false;
+  genAbort = new AbortController();
+  const req = {
+    prompt: $("prompt").value,
+    max_new_tokens: Number($("max-tokens").value) || 64,
+    temperature: Number($("temperature").value),
+    stream: true,
+  };
+  if ($("seed").value !== "") req.seed = Number($("seed").value);
+  if ($("lm-model").value) req.model = $("lm-model").value;
+  let count = 0;
+  try {
+    const resp = await fetch("/v1/generate", {
+      method: "POST",
+      headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
+      body: JSON.stringify(req),
+      signal: genAbort.signal,
+    });
+    if (!resp.ok) {
+      const text = await resp.text();
+      let body = text;
+      try {
+        body = JSON.parse(text);
+      } catch {}
+      throw new Error(errorText(body, resp.status));
+    }
+    for await (const { event, data } of sseEvents(resp.body)) {
+      if (data === "[DONE]") break;
+      const msg = JSON.parse(data);
+      if (event === "error" || msg.error) throw new Error(errorText(msg, resp.status));
+      const piece = typeof msg.text === "string" ? msg.text : msg.token && msg.token.text ? msg.token.text : "";
+      if (piece) {
+        out.textContent += piece;
+        count += 1;
+      }
+      if (msg.finish_reason) {
+        const used = msg.usage ? `, ${msg.usage.completion_tokens} tokens` : "";
+        $("gen-status").textContent = `finished: ${msg.finish_reason}${used}`;
+        break;
+      }
+    }
+  } catch (err) {
+    if (err.name === "AbortError") $("gen-status").textContent = `stopped after ${count} tokens`;
+    else {
+      $("gen-status").textContent = "failed";
+      report(`generate: ${err.message}`);
+    }
+  } finally {
+    genAbort = null;
+    $("gen-start").disabled = false;
+    $("gen-stop").disabled = true;
+  }
+}
+
+// ------------------------------------------------------------------ wiring
+$("mic-start").addEventListener("click", startMic);
+$("mic-stop").addEventListener("click", stopMic);
+$("gen-form").addEventListener("submit", generate);
+$("gen-stop").addEventListener("click", () => genAbort && genAbort.abort());
+window.addEventListener("error", (e) => report(`page: ${e.message}`));
+loadModels();
