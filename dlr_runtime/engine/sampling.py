@@ -36,7 +36,7 @@ class SamplingParams:
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop strings must be non-empty strings")
         if self.seed is None:
-            self.seed = secrets.randbits(63)
+            self.seed = secrets.randbits(52)  # exact in JSON doubles too
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
 

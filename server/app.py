@@ -1,0 +1,49 @@
+"""The FastAPI application: `create_app(settings)` wires models, schedulers, routes and metrics."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.staticfiles import StaticFiles
+
+from .errors import validation_handler
+from .metrics import Metrics
+from .registry import load_models
+from .routes import generate, info, speech, text_stream
+from .settings import Settings
+from .state import ServerState
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+log = logging.getLogger("dlr.server")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    st = ServerState(settings=settings, metrics=Metrics())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        st.models = load_models(settings, st.metrics)
+        for m in st.models.values():
+            m.scheduler.start()
+        st.ready = True
+        log.info("serving %d model(s): %s", len(st.models), ", ".join(st.models) or "none")
+        try:
+            yield
+        finally:
+            st.ready = False
+            for m in st.models.values():
+                await m.scheduler.stop()
+
+    app = FastAPI(title="dlr-serve", version="0.1.0", lifespan=lifespan)
+    app.state.dlr = st
+    app.add_exception_handler(RequestValidationError, validation_handler)
+    for module in (info, generate, speech, text_stream):
+        app.include_router(module.router)
+    if STATIC_DIR.is_dir():
+        app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static")
+    return app

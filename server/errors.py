@@ -1,0 +1,69 @@
+"""Error bodies and WebSocket close codes shared by the routes.
+
+HTTP errors use the OpenAI shape {"error": {"message", "type", "code", "param"}} (validation
+errors also keep FastAPI's "detail" list); WebSocket errors are
+{"type": "error", "code": <snake_case>, "message": ...} followed by a close with `WS_CLOSE[code]`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+# WebSocket close code per error code
+WS_CLOSE = {
+    "invalid_json": 1003,
+    "invalid_audio": 1003,
+    "invalid_message": 1008,
+    "no_session": 1008,
+    "unknown_model": 1008,
+    "busy": 1008,
+    "idle_timeout": 1008,
+    "frame_too_big": 1009,
+    "internal_error": 1011,
+    "overloaded": 1013,
+    "queue_full": 1013,
+}
+
+
+def error_body(message: str, code: str, type_: str = "invalid_request_error", param=None) -> dict:
+    return {"error": {"message": message, "type": type_, "code": code, "param": param}}
+
+
+def api_error(
+    status: int, message: str, code: str, param: str | None = None, headers: dict | None = None
+) -> JSONResponse:
+    type_ = "invalid_request_error" if status < 500 else "server_error"
+    if status == 429:
+        type_ = "overloaded_error"
+    return JSONResponse(
+        error_body(message, code, type_, param), status_code=status, headers=headers
+    )
+
+
+def field_name(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    return ".".join(parts) or "body"
+
+
+async def validation_handler(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errs = exc.errors()
+    first = errs[0] if errs else {"loc": ("body",), "msg": "invalid request"}
+    param = field_name(tuple(first.get("loc", ())))
+    body = error_body(f"{param}: {first.get('msg')}", "validation_error", param=param)
+    body["detail"] = [
+        {"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")} for e in errs
+    ]
+    return JSONResponse(body, status_code=422)
+
+
+def validation_message(exc: Exception) -> tuple[str, str]:
+    """(field, message) of a pydantic ValidationError, for WebSocket error messages."""
+    errs = getattr(exc, "errors", lambda: [])()
+    if errs:
+        param = field_name(tuple(errs[0].get("loc", ())))
+        return param, f"{param}: {errs[0].get('msg')}"
+    return "", str(exc)

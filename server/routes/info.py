@@ -1,0 +1,40 @@
+"""Health, readiness, Prometheus metrics and the model list."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from ..state import StateDep
+
+router = APIRouter()
+
+
+@router.get("/healthz")
+async def healthz() -> dict:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(st: StateDep) -> JSONResponse:
+    body = {
+        "ready": st.ready,
+        "models": sorted(st.models),
+        "sessions": st.sessions,
+        "max_sessions": st.settings.max_sessions,
+    }
+    return JSONResponse(body, status_code=200 if st.ready else 503)
+
+
+@router.get("/metrics")
+async def metrics(st: StateDep) -> Response:
+    for m in st.models.values():
+        st.metrics.queue_depth.labels(m.name).set(m.scheduler.queue_depth())
+        st.metrics.slots_in_use.labels(m.name).set(m.engine.pool.in_use)
+    return Response(st.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/models")
+async def list_models(st: StateDep) -> dict:
+    return {"object": "list", "data": [m.info(st.settings) for m in st.models.values()]}

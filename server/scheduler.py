@@ -1,0 +1,489 @@
+"""The async batching scheduler of one model.
+
+Contract: connection handlers only parse and enqueue (`prefill`, `generate`, `push_audio`,
+`end_audio`); one loop per model forms batches and runs them on the engine in a single worker
+thread, so every engine call (including slot allocation and freeing) is serialised. Each
+iteration takes
+
+- every running generation's next decode step (continuous batching, up to `max_batch_size`),
+- waiting prefills (new prompts, appended text) up to `max_batch_size` rows,
+- speech streams with pending audio, each feeding a power-of-two number of whole frames (at most
+  `max_chunk_frames`) so streams with equal amounts share a call; the partial-frame tail is fed
+  only at end of stream,
+
+and, when no generation is running, first waits up to `max_batch_wait` for more arrivals.
+Results go back through futures (prefill, end of audio) and per-generation event queues.
+An exception inside a batch fails only the sessions in that batch; the loop keeps serving.
+A session's results do not depend on what else shares its batches (see `Engine`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dlr_runtime.engine import (
+    Engine,
+    IncrementalDecoder,
+    SamplingParams,
+    StopMatcher,
+    sample_token,
+)
+
+from .metrics import Metrics
+
+_ids = itertools.count()
+
+
+class BatchError(RuntimeError):
+    """The batch this session's work was in failed; the message says why."""
+
+
+@dataclass
+class TextSession:
+    slot: int
+    pending: list[int]  # tokens sampled or appended but not yet fed to the state
+    last_logits: torch.Tensor | None = None  # (V,) logits after the last fed token
+    busy: bool = False  # a generation is running
+    inflight: asyncio.Future | None = None  # a prefill waiting for its batch
+
+
+@dataclass
+class Generation:
+    session: TextSession
+    params: SamplingParams
+    feed: list[int]  # tokens to prefill before the first sample
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    gen: torch.Generator | None = None
+    decoder: IncrementalDecoder = field(default_factory=IncrementalDecoder)
+    stop: StopMatcher | None = None
+    next_token: int | None = None  # sampled, not yet fed
+    n_generated: int = 0
+    prompt_tokens: int = 0
+    created: float = field(default_factory=time.perf_counter)
+    last_time: float = 0.0
+    done: bool = False
+    cancelled: bool = False
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    seq: int = field(default_factory=lambda: next(_ids))
+
+    def __post_init__(self) -> None:
+        self.gen = self.params.generator()
+        self.stop = StopMatcher(self.params.stop)
+        self.prompt_tokens = len(self.feed)
+
+
+@dataclass
+class SpeechStream:
+    slot: int
+    stride: int
+    chunks: list[torch.Tensor] = field(default_factory=list)  # waiting samples (model rate)
+    buffered: int = 0  # samples waiting
+    consumed: int = 0  # samples fed to the model
+    ended: bool = False
+    final: asyncio.Future | None = None
+    latest: torch.Tensor | None = None  # (C,) scores after the last completed frame
+    progress: asyncio.Event = field(default_factory=asyncio.Event)
+    error: BaseException | None = None
+    seq: int = field(default_factory=lambda: next(_ids))
+
+    def take(self, n: int) -> torch.Tensor:
+        x = torch.cat(self.chunks) if len(self.chunks) != 1 else self.chunks[0]  # (buffered,)
+        head, rest = x[:n], x[n:]
+        self.chunks = [rest] if rest.numel() else []
+        self.buffered -= n
+        return head
+
+
+@dataclass
+class _Prefill:
+    fut: asyncio.Future  # resolved with the logits (V,) after the last token
+    slot: int
+
+
+@dataclass
+class _Batch:
+    prefill: list[tuple[Any, list[int]]] = field(default_factory=list)  # (Generation|future, toks)
+    sample_only: list[Generation] = field(default_factory=list)
+    decode: list[Generation] = field(default_factory=list)
+    audio: list[tuple[SpeechStream, torch.Tensor]] = field(default_factory=list)
+
+    def empty(self) -> bool:
+        return not (self.prefill or self.sample_only or self.decode or self.audio)
+
+
+class Scheduler:
+    """Batches the work of all sessions of one model onto its `Engine`."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        metrics: Metrics,
+        max_batch_size: int = 64,
+        max_batch_wait_s: float = 0.002,
+        max_chunk_frames: int = 64,
+    ) -> None:
+        self.engine = engine
+        self.name = engine.name
+        self.metrics = metrics
+        self.max_batch_size = max_batch_size
+        self.max_batch_wait_s = max_batch_wait_s
+        self.max_chunk_frames = max_chunk_frames
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"engine-{engine.name}")
+        self._prefills: list[tuple[Any, list[int]]] = []
+        self._starting: list[Generation] = []
+        self._running: OrderedDict[int, Generation] = OrderedDict()
+        self._streams: OrderedDict[int, SpeechStream] = OrderedDict()
+        self._wake = asyncio.Event()
+        self._bg: set[asyncio.Task] = set()
+        self._task: asyncio.Task | None = None
+        self._closed = False
+        self.batches_run = 0
+        self.fail_next_batch: BaseException | None = None  # test hook: raise in the next batch
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"sched-{self.name}")
+
+    async def stop(self) -> None:
+        self._closed = True
+        self._wake.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    async def _call(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def open_slot(self) -> int:
+        slot = await self._call(self.engine.open)
+        self.metrics.slots_in_use.labels(self.name).set(self.engine.pool.in_use)
+        return slot
+
+    async def close_slot(self, slot: int) -> None:
+        await self._call(self.engine.close, slot)
+        self.metrics.slots_in_use.labels(self.name).set(self.engine.pool.in_use)
+
+    async def run_sync(self, fn, *args):
+        """Run `fn(*args)` on the engine thread (between batches)."""
+        return await self._call(fn, *args)
+
+    # ------------------------------------------------------------------ text
+    async def prefill(self, session: TextSession, tokens: list[int]) -> torch.Tensor:
+        """Feed tokens into a text session's state; returns the logits after the last one."""
+        fut = asyncio.get_running_loop().create_future()
+        session.inflight = fut
+        self._prefills.append((_Prefill(fut, session.slot), list(tokens)))
+        self._kick()
+        logits = await asyncio.shield(fut)
+        session.inflight = None
+        session.last_logits = logits
+        return logits
+
+    def generate(self, session: TextSession, params: SamplingParams) -> Generation:
+        """Start a generation: the session's pending tokens are fed, then tokens are sampled.
+
+        Events on `Generation.events`: ("token", id, text), then ("done", finish_reason, tail)
+        or ("error", BatchError). The last sampled token stays pending in the session.
+        """
+        if session.busy:
+            raise RuntimeError("a generation is already running in this session")
+        if not session.pending and session.last_logits is None:
+            raise ValueError("nothing to continue from: append text first")
+        session.busy = True
+        g = Generation(session, params, feed=list(session.pending))
+        session.pending = []
+        self._starting.append(g)
+        self._kick()
+        return g
+
+    def cancel(self, g: Generation) -> None:
+        """Stop a generation (its consumer went away) at the next batch boundary; every token
+        already sampled ends up fed or pending, so the session stays usable."""
+        if not g.done:
+            g.cancelled = True
+            self._kick()
+
+    # ------------------------------------------------------------------ speech
+    def open_stream(self, slot: int) -> SpeechStream:
+        s = SpeechStream(slot=slot, stride=self.engine.config.frame_stride)
+        self._streams[s.seq] = s
+        return s
+
+    def push_audio(self, s: SpeechStream, samples: torch.Tensor) -> None:
+        """Queue samples (at the model's rate) for a stream."""
+        if s.ended:
+            raise RuntimeError("the stream has ended")
+        if samples.numel():
+            s.chunks.append(samples.to(torch.float32).reshape(-1))
+            s.buffered += samples.numel()
+            if s.buffered >= s.stride:
+                self._kick()
+
+    async def end_audio(self, s: SpeechStream) -> torch.Tensor:
+        """Mark the end of a stream; returns the final scores (C,) once all audio is fed."""
+        s.ended = True
+        s.final = asyncio.get_running_loop().create_future()
+        self._kick()
+        try:
+            return await s.final
+        finally:
+            self._streams.pop(s.seq, None)
+
+    def drop_stream(self, s: SpeechStream) -> None:
+        self._streams.pop(s.seq, None)
+
+    # ------------------------------------------------------------------ the loop
+    def queue_depth(self) -> int:
+        audio = sum(1 for s in self._streams.values() if self._audio_ready(s))
+        return len(self._prefills) + len(self._starting) + audio
+
+    def _kick(self) -> None:
+        self._wake.set()
+
+    def _audio_ready(self, s: SpeechStream) -> bool:
+        return s.error is None and (
+            s.buffered >= s.stride or (s.ended and s.final is not None and not s.final.done())
+        )
+
+    def _has_work(self) -> bool:
+        return bool(self._running or self.queue_depth())
+
+    def _collect(self) -> _Batch:
+        b = _Batch()
+        cap = self.max_batch_size
+        for g in list(self._running.values()):
+            if g.cancelled:
+                self._finish(g, "cancelled")
+            elif len(b.decode) < cap:
+                b.decode.append(g)  # oldest generations first
+        n_pre = 0
+        while self._prefills and n_pre < cap:
+            b.prefill.append(self._prefills.pop(0))
+            n_pre += 1
+        while self._starting and n_pre < cap:
+            g = self._starting.pop(0)
+            if g.cancelled:  # never started: give its tokens back to the session
+                g.session.pending = g.feed + g.session.pending
+                g.next_token = None
+                self._finish(g, "cancelled")
+                continue
+            if g.feed:
+                b.prefill.append((g, g.feed))
+                n_pre += 1
+            else:
+                b.sample_only.append(g)
+        served = []
+        for key, s in self._streams.items():
+            if len(b.audio) >= cap:
+                break
+            if not self._audio_ready(s):
+                continue
+            if s.ended:
+                n = s.buffered
+            else:
+                k = min(s.buffered // s.stride, self.max_chunk_frames)
+                n = (1 << (k.bit_length() - 1)) * s.stride
+            b.audio.append((s, s.take(n)))
+            served.append(key)
+        for key in served:  # round robin: served streams go to the back
+            self._streams.move_to_end(key)
+        return b
+
+    async def _loop(self) -> None:
+        while not self._closed:
+            self.metrics.queue_depth.labels(self.name).set(self.queue_depth())
+            if not self._has_work():
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if not self._running and self.max_batch_wait_s > 0:
+                await asyncio.sleep(self.max_batch_wait_s)
+            self._wake.clear()
+            batch = self._collect()
+            if batch.empty():
+                await asyncio.sleep(0)
+                continue
+            try:
+                result = await self._call(self._execute, batch)
+            except Exception as e:  # noqa: BLE001  (fail this batch only, keep serving)
+                self.metrics.batch_failures.labels(self.name).inc()
+                self._fail(batch, e)
+                continue
+            self.batches_run += 1
+            self._deliver(batch, result)
+
+    # ------------------------------------------------------------------ engine thread
+    def _execute(self, b: _Batch) -> dict[str, Any]:
+        if self.fail_next_batch is not None:
+            err, self.fail_next_batch = self.fail_next_batch, None
+            raise err
+        eng, m, name = self.engine, self.metrics, self.name
+        out: dict[str, Any] = {"prefill": [], "decode": [], "sample": [], "audio": []}
+        if b.prefill:
+            t0 = time.perf_counter()
+            slots = [self._slot_of(item) for item, _ in b.prefill]
+            logits = eng.prefill(slots, [toks for _, toks in b.prefill]).float().cpu()  # (B, V)
+            m.batch_latency.labels(name, "prefill").observe(time.perf_counter() - t0)
+            m.batch_size.labels(name, "prefill").observe(len(slots))
+            m.prompt_tokens.labels(name).inc(sum(len(t) for _, t in b.prefill))
+            for (item, _), row in zip(b.prefill, logits, strict=True):
+                tok = (
+                    sample_token(row, item.params, item.gen)
+                    if isinstance(item, Generation)
+                    else None
+                )
+                out["prefill"].append((row, tok))
+        for g in b.sample_only:
+            out["sample"].append(sample_token(g.session.last_logits, g.params, g.gen))
+        if b.decode:
+            t0 = time.perf_counter()
+            logits = eng.decode(
+                [g.session.slot for g in b.decode], [g.next_token for g in b.decode]
+            )
+            logits = logits.float().cpu()  # (B, V)
+            m.batch_latency.labels(name, "decode").observe(time.perf_counter() - t0)
+            m.batch_size.labels(name, "decode").observe(len(b.decode))
+            for g, row in zip(b.decode, logits, strict=True):
+                out["decode"].append((row, sample_token(row, g.params, g.gen)))
+        if b.audio:
+            t0 = time.perf_counter()
+            ys = eng.feed_audio([s.slot for s, _ in b.audio], [x for _, x in b.audio])
+            finals = {}
+            ended = [s for s, _ in b.audio if s.ended and s.buffered == 0]
+            if ended:
+                sc = eng.scores([s.slot for s in ended]).float().cpu()  # (E, C)
+                finals = {s.seq: row for s, row in zip(ended, sc, strict=True)}
+            dt = time.perf_counter() - t0
+            audio_s = sum(x.numel() for _, x in b.audio) / eng.config.sample_rate
+            m.batch_latency.labels(name, "audio").observe(dt)
+            m.batch_size.labels(name, "audio").observe(len(b.audio))
+            m.audio_seconds.labels(name).inc(audio_s)
+            if audio_s > 0:
+                m.rtf.labels(name).observe(dt / audio_s)
+            out["audio"] = [
+                (y.float().cpu(), finals.get(s.seq)) for (s, _), y in zip(b.audio, ys, strict=True)
+            ]
+        return out
+
+    @staticmethod
+    def _slot_of(item: Any) -> int:
+        return item.session.slot if isinstance(item, Generation) else item.slot
+
+    # ------------------------------------------------------------------ releasing slots
+    def release(
+        self, slot: int, session: TextSession | None = None, g: Generation | None = None
+    ) -> None:
+        """Free `slot` once no queued or running work uses it (safe to call from `finally`
+        blocks of cancelled handlers: it does not await)."""
+
+        async def _go() -> None:
+            if g is not None and not g.done:
+                self.cancel(g)
+                await g.finished.wait()
+            if session is not None and session.inflight is not None:
+                with contextlib.suppress(Exception):  # its batch failed: the slot is still ours
+                    await session.inflight
+            await self.close_slot(slot)
+
+        task = asyncio.get_running_loop().create_task(_go())
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
+    # ------------------------------------------------------------------ results
+    def _deliver(self, b: _Batch, out: dict[str, Any]) -> None:
+        for (item, _), (row, tok) in zip(b.prefill, out["prefill"], strict=True):
+            if isinstance(item, Generation):
+                item.session.last_logits = row
+                self._on_token(item, tok)
+            elif not item.fut.done():
+                item.fut.set_result(row)
+        for g, tok in zip(b.sample_only, out["sample"], strict=True):
+            self._on_token(g, tok)
+        for g, (row, tok) in zip(b.decode, out["decode"], strict=True):
+            g.session.last_logits = row
+            g.next_token = None
+            self._on_token(g, tok)
+        for (s, x), (y, final) in zip(b.audio, out["audio"], strict=True):
+            s.consumed += x.numel()
+            if y.shape[0]:
+                s.latest = y[-1]
+            s.progress.set()
+            if final is not None and s.final is not None and not s.final.done():
+                s.latest = final
+                s.final.set_result(final)
+
+    def _on_token(self, g: Generation, tok: int) -> None:
+        now = time.perf_counter()
+        if g.cancelled:
+            g.session.pending.append(tok)
+            self._finish(g, "cancelled")
+            return
+        if g.n_generated == 0:
+            self.metrics.ttft.labels(self.name).observe(now - g.created)
+        else:
+            self.metrics.itl.labels(self.name).observe(now - g.last_time)
+        g.last_time = now
+        g.n_generated += 1
+        self.metrics.generated_tokens.labels(self.name).inc()
+        tokenizer = self.engine.tokenizer
+        if tok == tokenizer.eos:
+            g.session.pending.append(tok)
+            self._finish(g, "stop")
+            return
+        text, stopped = g.stop.feed(g.decoder.feed(tok))
+        g.events.put_nowait(("token", tok, text))
+        if stopped:
+            g.session.pending.append(tok)
+            self._finish(g, "stop")
+        elif g.n_generated >= g.params.max_tokens:
+            g.session.pending.append(tok)
+            self._finish(g, "length")
+        else:
+            g.next_token = tok
+            self._running[g.seq] = g
+
+    def _finish(self, g: Generation, reason: str) -> None:
+        if g.done:
+            return
+        g.done = True
+        self._running.pop(g.seq, None)
+        if g.next_token is not None:  # sampled but never fed: keep it for the next turn
+            g.session.pending.append(g.next_token)
+            g.next_token = None
+        g.session.busy = False
+        g.finished.set()
+        tail = "" if reason == "stop" else g.stop.feed(g.decoder.flush())[0] + g.stop.flush()
+        g.events.put_nowait(("done", reason, tail))
+
+    def _fail(self, b: _Batch, e: BaseException) -> None:
+        err = BatchError(f"inference failed: {type(e).__name__}: {e}")
+        for item, _ in b.prefill:
+            if isinstance(item, Generation):
+                self._fail_gen(item, err)
+            elif not item.fut.done():
+                item.fut.set_exception(err)
+        for g in b.sample_only + b.decode:
+            self._fail_gen(g, err)
+        for s, _ in b.audio:
+            s.error = err
+            s.progress.set()
+            if s.final is not None and not s.final.done():
+                s.final.set_exception(err)
+
+    def _fail_gen(self, g: Generation, err: BatchError) -> None:
+        g.done = True
+        g.finished.set()
+        g.session.busy = False
+        self._running.pop(g.seq, None)
+        g.events.put_nowait(("error", err))

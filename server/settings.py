@@ -1,0 +1,50 @@
+"""Server settings: read from `DLR_*` environment variables (and `dlr-serve` flags).
+
+Every batching knob and limit of the server lives here with its default; `dlr-serve --help`
+lists them too. Example: `DLR_PORT=9000 DLR_MAX_BATCH_SIZE=1 dlr-serve`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="DLR_", extra="ignore")
+
+    host: str = Field("0.0.0.0", description="address to listen on")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port (0 = any free port)")
+    models_dir: Path = Field(DEFAULT_MODELS_DIR, description="one checkpoint directory per model")
+    device: str = Field("auto", description="auto (cuda when available), cpu, cuda, cuda:N")
+    backend: Literal["auto", "torch", "onnx"] = Field("auto", description="inference backend")
+    state_dtype: Literal["complex64", "complex128"] = Field(
+        "complex64", description="dtype of the recurrent state"
+    )
+    max_sessions: int = Field(256, ge=1, description="state slots per model (live sessions)")
+    max_batch_size: int = Field(64, ge=1, description="rows per batched call, per operation")
+    max_batch_wait_ms: float = Field(
+        2.0, ge=0, description="wait this long for more work before a batch without decodes"
+    )
+    max_chunk_frames: int = Field(
+        64, ge=1, description="audio frames one speech session feeds per batch at most"
+    )
+    idle_timeout_s: float = Field(
+        300.0, gt=0, description="close WebSocket sessions idle this long"
+    )
+    max_frame_bytes: int = Field(1 << 20, ge=1024, description="largest WebSocket message")
+    max_queued_audio_s: float = Field(
+        30.0, gt=0, description="audio a speech session may have waiting before it is refused"
+    )
+    max_new_tokens: int = Field(1024, ge=1, description="cap on tokens generated per request")
+    max_prompt_chars: int = Field(65536, ge=1, description="largest prompt or appended text")
+    partial_interval_ms: float = Field(
+        100.0, ge=0, description="at most one partial speech result per this interval"
+    )
+    retry_after_s: int = Field(1, ge=0, description="Retry-After sent with 429 responses")
+    log_level: str = Field("info", description="logging level")

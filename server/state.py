@@ -1,0 +1,87 @@
+"""The server's shared state (settings, models, metrics, session bookkeeping) and dependencies."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import Depends, Request
+from starlette.requests import HTTPConnection
+
+from .metrics import Metrics
+from .registry import ModelEntry
+from .settings import Settings
+
+session_log = logging.getLogger("dlr.session")
+
+
+class NoModelError(LookupError):
+    """The requested model does not exist (or no model of the needed kind is loaded)."""
+
+
+@dataclass
+class ServerState:
+    settings: Settings
+    metrics: Metrics
+    models: dict[str, ModelEntry] = field(default_factory=dict)
+    sessions: int = 0  # open sessions of every kind
+    ready: bool = False
+
+    def pick_model(self, name: str | None, kind: str) -> ModelEntry:
+        """The named model (checked to be of `kind`), or the first model of that kind."""
+        if name is None:
+            for m in self.models.values():
+                if m.kind == kind:
+                    return m
+            raise NoModelError(f"no {kind} model is loaded")
+        m = self.models.get(name)
+        if m is None:
+            raise NoModelError(f"model {name!r} does not exist")
+        if m.kind != kind:
+            raise NoModelError(f"model {name!r} is a {m.kind} model, not a {kind} model")
+        return m
+
+    def full(self) -> bool:
+        return self.sessions >= self.settings.max_sessions
+
+    def session_started(self, model: ModelEntry, kind: str) -> tuple[str, float]:
+        sid = uuid.uuid4().hex
+        self.sessions += 1
+        self.metrics.active_sessions.labels(model.name, kind).inc()
+        session_log.info(
+            json.dumps(
+                {"event": "session_start", "session_id": sid, "model": model.name, "kind": kind}
+            )
+        )
+        return sid, time.perf_counter()
+
+    def session_ended(
+        self, sid: str, model: ModelEntry, kind: str, started: float, reason: str, **extra
+    ) -> None:
+        self.sessions -= 1
+        self.metrics.active_sessions.labels(model.name, kind).dec()
+        session_log.info(
+            json.dumps(
+                {
+                    "event": "session_end",
+                    "session_id": sid,
+                    "model": model.name,
+                    "kind": kind,
+                    "duration_s": round(time.perf_counter() - started, 4),
+                    "reason": reason,
+                    **extra,
+                }
+            )
+        )
+
+
+def get_state(conn: HTTPConnection) -> ServerState:
+    return conn.app.state.dlr
+
+
+StateDep = Annotated[ServerState, Depends(get_state)]
+__all__ = ["NoModelError", "Request", "ServerState", "StateDep", "get_state"]

@@ -1,0 +1,91 @@
+"""Server fixtures: a TestClient app and a real uvicorn server on 127.0.0.1 (tiny models)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from fastapi.testclient import TestClient
+
+from server.app import create_app
+from server.settings import Settings
+
+
+def make_settings(models_dir: Path, **kw) -> Settings:
+    base = dict(
+        models_dir=models_dir,
+        device="cpu",
+        max_sessions=64,
+        max_batch_wait_ms=2.0,
+        partial_interval_ms=0.0,
+        idle_timeout_s=30.0,
+    )
+    base.update(kw)
+    return Settings(**base)
+
+
+@pytest.fixture
+def client(models_dir: Path) -> Iterator[TestClient]:
+    with TestClient(create_app(make_settings(models_dir))) as c:
+        yield c
+
+
+class LiveServer:
+    """uvicorn in a background thread on a free loopback port."""
+
+    def __init__(self, settings: Settings) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.app = create_app(settings)
+        cfg = uvicorn.Config(
+            self.app,
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            ws_max_size=4 * settings.max_frame_bytes,
+            lifespan="on",
+        )
+        self.server = uvicorn.Server(cfg)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.http + "/readyz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("server did not start")
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def live(models_dir: Path) -> Iterator[LiveServer]:
+    with LiveServer(make_settings(models_dir)) as srv:
+        yield srv
+
+
+def run(coro):
+    return asyncio.run(coro)
