@@ -37,7 +37,9 @@ def resample(audio: np.ndarray, orig_rate: int, new_rate: int) -> np.ndarray:
     """Band-limited resampling of a 1-D float32 signal (``torchaudio.functional.resample``)."""
     if orig_rate == new_rate:
         return np.asarray(audio, dtype=np.float32)
-    out = AF.resample(torch.from_numpy(np.ascontiguousarray(audio, np.float32)), orig_rate, new_rate)
+    out = AF.resample(
+        torch.from_numpy(np.ascontiguousarray(audio, np.float32)), orig_rate, new_rate
+    )
     return out.numpy().astype(np.float32, copy=False)
 
 

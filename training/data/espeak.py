@@ -6,6 +6,7 @@ Runs ``espeak-ng --stdout`` in a subprocess and decodes the 16-bit mono WAV it w
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 
@@ -40,10 +41,13 @@ def find_espeak() -> str:
 
 def espeak_version() -> str:
     """Return the first line of ``espeak-ng --version`` (used to key on-disk caches)."""
-    out = subprocess.run(
-        [find_espeak(), "--version"], capture_output=True, check=True, timeout=30
-    ).stdout
-    return out.decode("utf-8", errors="replace").strip().splitlines()[0]
+    return _version_of(find_espeak())
+
+
+@functools.lru_cache(maxsize=8)
+def _version_of(executable: str) -> str:
+    out = subprocess.run([executable, "--version"], capture_output=True, check=True, timeout=30)
+    return out.stdout.decode("utf-8", errors="replace").strip().splitlines()[0]
 
 
 def decode_wav_pcm16(data: bytes) -> tuple[np.ndarray, int]:
