@@ -1,0 +1,330 @@
+"""ONNX Runtime backend: the exported step/chunk graphs behind `RecurrentModel`'s interface.
+
+`OnnxBackend` has the methods and semantics of `RecurrentModel` (`init_state`, `step`,
+`chunk`, `scores`, `config`, `name`, `device`), so the engine can use it unchanged. Only the
+layout of the state differs: the complex SSM state is carried as two float tensors
+
+    "ssm_re", "ssm_im"   (B, L, H, N) float32 (or float64 for a float64 export)
+
+next to the same "frame_buf"/"frame_fill" (audio) and "mean_sum"/"mean_count" (classifier)
+tensors as `RecurrentModel`. `from_torch_state` / `to_torch_state` convert between the two.
+
+State tensors are torch tensors on the backend's device and are bound to the ONNX Runtime
+session by pointer (io-binding), inputs and outputs both, so with the CUDA execution provider
+the state never leaves the GPU and on the CPU nothing is copied. Calls are pure: each returns
+newly allocated state tensors.
+
+Graphs (see `dlr_runtime.export.onnx_export`): `step` (one position), `chunk` (1..max_chunk
+positions; longer inputs are cut into blocks here), `scores` (classifiers). Audio graphs take
+whole frames; the per-sample framing below mirrors `RecurrentModel._audio_step/_audio_chunk`.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from ..config import DLRConfig
+from ..export.onnx_export import export_onnx, read_manifest
+from ..recurrent import RecurrentModel
+
+State = dict[str, torch.Tensor]
+
+_NP_OF = {
+    torch.float32: np.float32,
+    torch.float64: np.float64,
+    torch.int64: np.int64,
+}
+
+
+def available_providers(device: torch.device) -> list[str]:
+    """Execution providers for `device`: CUDA first when on a GPU and available, then CPU."""
+    have = ort.get_available_providers()
+    if device.type == "cuda":
+        if "CUDAExecutionProvider" not in have:
+            raise RuntimeError("device is CUDA but onnxruntime has no CUDAExecutionProvider")
+        return [("CUDAExecutionProvider", {"device_id": device.index or 0}), "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+class _Graph:
+    """One ONNX Runtime session driven through io-binding with torch tensors."""
+
+    def __init__(self, path: Path, device: torch.device, threads: int | None) -> None:
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.log_severity_level = 3
+        if threads is not None:
+            opts.intra_op_num_threads = threads
+            opts.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(
+            str(path), sess_options=opts, providers=available_providers(device)
+        )
+        self.device = device
+        self.dev_type = "cuda" if device.type == "cuda" else "cpu"
+        self.dev_id = device.index or 0
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def run(
+        self, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """Bind `inputs` and the preallocated `outputs` by pointer and run; returns outputs."""
+        binding = self.session.io_binding()
+        keep = []  # contiguous copies must outlive the run
+        for name, t in inputs.items():
+            t = t.contiguous()
+            keep.append(t)
+            binding.bind_input(
+                name, self.dev_type, self.dev_id, _NP_OF[t.dtype], tuple(t.shape), t.data_ptr()
+            )
+        for name, t in outputs.items():
+            binding.bind_output(
+                name, self.dev_type, self.dev_id, _NP_OF[t.dtype], tuple(t.shape), t.data_ptr()
+            )
+        if self.dev_type == "cuda":
+            binding.synchronize_inputs()
+        self.session.run_with_iobinding(binding)
+        if self.dev_type == "cuda":
+            binding.synchronize_outputs()
+        return outputs
+
+
+class OnnxBackend:
+    """A `RecurrentModel` look-alike running exported graphs in ONNX Runtime."""
+
+    name = "onnx"
+
+    def __init__(
+        self,
+        export_dir: str | Path,
+        device: torch.device | str = "cpu",
+        threads: int | None = None,
+    ) -> None:
+        man = read_manifest(export_dir)
+        self.export_dir = Path(export_dir)
+        self.config = DLRConfig.from_dict(man["config"])
+        self.dtype: torch.dtype = getattr(torch, man["dtype"])
+        self.max_chunk = int(man["max_chunk"])
+        self.n_layers = int(man["n_layers"])
+        self._device = torch.device(device)
+        self.graphs = {
+            k: _Graph(self.export_dir / f, self._device, threads) for k, f in man["graphs"].items()
+        }
+
+    @classmethod
+    def from_recurrent(
+        cls,
+        rec: RecurrentModel,
+        export_dir: str | Path | None = None,
+        device: torch.device | str | None = None,
+        max_chunk: int = 64,
+        threads: int | None = None,
+    ) -> OnnxBackend:
+        """Export `rec` (into `export_dir`, or a temporary directory) and load the graphs.
+
+        The graphs' float dtype follows the state dtype of `rec` (complex64 -> float32,
+        complex128 -> float64). Runs on `device` (default: rec's device).
+        """
+        if export_dir is None:
+            export_dir = tempfile.mkdtemp(prefix="dlr-onnx-")
+        export_onnx(rec, export_dir, max_chunk=max_chunk)
+        return cls(export_dir, device=rec.device if device is None else device, threads=threads)
+
+    @classmethod
+    def from_dir(cls, export_dir: str | Path, device: torch.device | str = "cpu") -> OnnxBackend:
+        return cls(export_dir, device=device)
+
+    # ------------------------------------------------------------------ state
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def init_state(self, batch: int, device: torch.device | str | None = None) -> State:
+        """Zero state for `batch` streams (same keys as RecurrentModel, "ssm" as re/im)."""
+        if device is not None and torch.device(device) != self._device:
+            raise ValueError(f"OnnxBackend runs on {self._device}, cannot keep state on {device}")
+        cfg, dev = self.config, self._device
+        shape = (batch, self.n_layers, cfg.d_model, cfg.d_state)
+        state: State = {
+            "ssm_re": torch.zeros(shape, dtype=self.dtype, device=dev),
+            "ssm_im": torch.zeros(shape, dtype=self.dtype, device=dev),
+        }
+        if cfg.encoder == "audio":
+            state["frame_buf"] = torch.zeros(batch, cfg.frame_stride, dtype=self.dtype, device=dev)
+            state["frame_fill"] = torch.zeros(batch, dtype=torch.int64, device=dev)
+        if cfg.decoder == "classifier":
+            state["mean_sum"] = torch.zeros(batch, cfg.d_model, dtype=torch.float64, device=dev)
+            state["mean_count"] = torch.zeros(batch, dtype=torch.float64, device=dev)
+        return state
+
+    def state_bytes_per_session(self) -> int:
+        return sum(t.element_size() * t[0].numel() for t in self.init_state(1).values())
+
+    def from_torch_state(self, state: State) -> State:
+        """A `RecurrentModel` state -> this backend's layout (on this device)."""
+        out = {k: v.to(self._device) for k, v in state.items() if k != "ssm"}
+        ssm = state["ssm"].to(self._device)
+        out["ssm_re"] = ssm.real.to(self.dtype).contiguous()
+        out["ssm_im"] = ssm.imag.to(self.dtype).contiguous()
+        if "frame_buf" in out:
+            out["frame_buf"] = out["frame_buf"].to(self.dtype)
+        return out
+
+    def to_torch_state(self, state: State, cdtype: torch.dtype = torch.complex64) -> State:
+        """This backend's state -> the `RecurrentModel` layout with complex dtype `cdtype`."""
+        out = {k: v for k, v in state.items() if k not in ("ssm_re", "ssm_im")}
+        out["ssm"] = torch.complex(state["ssm_re"], state["ssm_im"]).to(cdtype)
+        return out
+
+    # ------------------------------------------------------------------ public API
+    @torch.no_grad()
+    def step(self, x_t: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        """One input per stream: token ids (B,) or audio samples (B,) -> (y, new_state)."""
+        self._check_batch(x_t, state, 1)
+        state = dict(state)
+        if self.config.encoder == "tokens":
+            return self._run("step", x_t.to(self._device, torch.int64), state)
+        return self._audio_step(x_t.to(self._device, self.dtype), state)
+
+    @torch.no_grad()
+    def chunk(self, x: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        """A block of T inputs per stream: tokens or samples (B, T) -> (y (B, T', out), state)."""
+        self._check_batch(x, state, 2)
+        state = dict(state)
+        if self.config.encoder == "tokens":
+            return self._positions(x.to(self._device, torch.int64), state)
+        return self._audio_chunk(x.to(self._device, self.dtype), state)
+
+    @torch.no_grad()
+    def scores(self, state: State) -> torch.Tensor:
+        """Current class scores (B, C) of a classifier from its running mean."""
+        if "scores" not in self.graphs:
+            raise ValueError("scores() needs a classifier model")
+        ms, mc = state["mean_sum"], state["mean_count"]
+        out = torch.empty(ms.shape[0], self.config.out_dim, dtype=self.dtype, device=self._device)
+        return self.graphs["scores"].run({"mean_sum": ms, "mean_count": mc}, {"scores": out})[
+            "scores"
+        ]
+
+    # ------------------------------------------------------------------ graph calls
+    def _check_batch(self, x: torch.Tensor, state: State, dim: int) -> None:
+        if x.dim() != dim:
+            raise ValueError(
+                f"expected input of {dim} dims (batch first), got shape {tuple(x.shape)}"
+            )
+        if x.shape[0] != state["ssm_re"].shape[0]:
+            raise ValueError(
+                f"batch of input ({x.shape[0]}) and state ({state['ssm_re'].shape[0]}) differ"
+            )
+        if self.config.encoder == "tokens" and x.numel() and not x.is_floating_point():
+            lo, hi = int(x.min()), int(x.max())
+            if lo < 0 or hi >= self.config.vocab_size:
+                raise ValueError(
+                    f"token ids must be in [0, {self.config.vocab_size}), got {lo}..{hi}"
+                )
+
+    def _run(self, graph: str, x: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        """One step/chunk graph call on positions x ((B,) / (B, T) [, S]); updates `state`."""
+        b = x.shape[0]
+        lead = (b,) if graph == "step" else (b, x.shape[1])
+        clf = self.config.decoder == "classifier"
+        ins = {"x": x, "state_re": state["ssm_re"], "state_im": state["ssm_im"]}
+        outs = {
+            "y": torch.empty(*lead, self.config.out_dim, dtype=self.dtype, device=self._device),
+            "state_re_out": torch.empty_like(state["ssm_re"]),
+            "state_im_out": torch.empty_like(state["ssm_im"]),
+        }
+        if clf:
+            ins["mean_sum"], ins["mean_count"] = state["mean_sum"], state["mean_count"]
+            outs["mean_sum_out"] = torch.empty_like(state["mean_sum"])
+            outs["mean_count_out"] = torch.empty_like(state["mean_count"])
+        self.graphs[graph].run(ins, outs)
+        state["ssm_re"], state["ssm_im"] = outs["state_re_out"], outs["state_im_out"]
+        if clf:
+            state["mean_sum"], state["mean_count"] = outs["mean_sum_out"], outs["mean_count_out"]
+        return outs["y"], state
+
+    def _positions(self, x: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        """T positions ((B, T) tokens or (B, T, S) frames) in blocks of <= max_chunk."""
+        b, t = x.shape[0], x.shape[1]
+        if t == 0:
+            return torch.zeros(
+                b, 0, self.config.out_dim, dtype=self.dtype, device=self._device
+            ), state
+        ys = []
+        for start in range(0, t, self.max_chunk):
+            y, state = self._run("chunk", x[:, start : start + self.max_chunk], state)
+            ys.append(y)
+        return (ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)), state
+
+    # ------------------------------------------------------------------ audio framing
+    def _audio_step(self, x_t: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        stride = self.config.frame_stride
+        rows = torch.arange(x_t.shape[0], device=x_t.device)
+        buf = state["frame_buf"].clone()
+        buf[rows, state["frame_fill"]] = x_t
+        fill = state["frame_fill"] + 1
+        done = fill == stride  # (B,)
+        state["frame_buf"], state["frame_fill"] = buf, torch.where(done, 0, fill)
+        if bool(done.all()):
+            _, state = self._run("step", buf, state)
+        elif bool(done.any()):
+            idx = done.nonzero().squeeze(-1)
+            sub = {k: v[idx] for k, v in state.items()}
+            _, sub = self._run("step", buf[idx], sub)
+            for k in ("ssm_re", "ssm_im", "mean_sum", "mean_count"):
+                state[k] = state[k].index_copy(0, idx, sub[k])
+        return self.scores(state), state
+
+    def _audio_chunk(self, x: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        fill = state["frame_fill"]
+        if x.shape[0] == 0 or bool((fill == fill[0]).all()):
+            f0 = int(fill[0]) if x.shape[0] else 0
+            return self._audio_chunk_aligned(x, state, f0)
+        outs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for f in torch.unique(fill).tolist():
+            idx = (fill == f).nonzero().squeeze(-1)
+            sub = {k: v[idx] for k, v in state.items()}
+            y, sub = self._audio_chunk_aligned(x[idx], sub, int(f))
+            outs.append((idx, y))
+            for k in state:
+                state[k] = state[k].index_copy(0, idx, sub[k])
+        if len({y.shape[1] for _, y in outs}) != 1:
+            raise ValueError(
+                "streams at different frame offsets complete different numbers of frames in one "
+                "chunk; feed them separately or align their chunk lengths"
+            )
+        y0 = outs[0][1]
+        y = torch.empty(x.shape[0], *y0.shape[1:], dtype=y0.dtype, device=y0.device)
+        for idx, yy in outs:
+            y[idx] = yy
+        return y, state
+
+    def _audio_chunk_aligned(
+        self, x: torch.Tensor, state: State, fill: int
+    ) -> tuple[torch.Tensor, State]:
+        stride = self.config.frame_stride
+        samples = torch.cat([state["frame_buf"][:, :fill], x], dim=1)  # (B, fill + T)
+        n_frames = samples.shape[1] // stride
+        rest = samples[:, n_frames * stride :]  # (B, < stride)
+        buf = torch.zeros_like(state["frame_buf"])
+        buf[:, : rest.shape[1]] = rest
+        state["frame_buf"] = buf
+        state["frame_fill"] = torch.full_like(state["frame_fill"], rest.shape[1])
+        frames = samples[:, : n_frames * stride].reshape(x.shape[0], n_frames, stride)
+        return self._positions(frames, state)
+
+    def describe(self) -> dict[str, Any]:
+        """What /v1/models may report about this backend."""
+        providers = self.graphs["step"].session.get_providers()
+        return {
+            "backend": self.name,
+            "providers": providers,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "max_chunk": self.max_chunk,
+        }

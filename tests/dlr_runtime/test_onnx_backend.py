@@ -1,0 +1,245 @@
+"""ONNX export and the ONNX Runtime backend against the torch reference (RecurrentModel).
+
+Tolerances (max abs difference of outputs/state, unit-scale random models):
+- float32 graphs vs complex64 RecurrentModel: 1e-4 (step and chunk; the chunk's Toeplitz/
+  Vandermonde sums round differently from the step loop, ~1e-6 in practice).
+- float64 graphs vs complex128 RecurrentModel: 1e-6 (GELU's erf is evaluated in float32 inside
+  float64 graphs, since ONNX Runtime has no float64 Erf; everything else is float64).
+Exports are made once per module (each takes a few seconds).
+"""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+import torch
+
+from dlr_runtime import DLRConfig, DLRModel, reference_forward, to_recurrent
+from dlr_runtime.backends.onnx import OnnxBackend
+from dlr_runtime.export.onnx_export import read_manifest
+from dlr_runtime.export.realmath import ClassifierChunk, LMChunk, LMStep, RealCore
+
+LM_CFG = DLRConfig(d_model=16, d_state=8, n_layers=2, vocab_size=20)
+AUDIO_CFG = DLRConfig(
+    d_model=16,
+    d_state=8,
+    n_layers=2,
+    encoder="audio",
+    decoder="classifier",
+    frame_stride=4,
+    labels=["a", "b", "c"],
+    shared_lambda=False,
+    norm="rmsnorm",
+)
+TOL = {torch.complex64: 1e-4, torch.complex128: 1e-6}
+
+
+@pytest.fixture(scope="module")
+def lm_model() -> DLRModel:
+    return DLRModel(LM_CFG, seed=1)
+
+
+@pytest.fixture(scope="module", params=[torch.complex64, torch.complex128], ids=["f32", "f64"])
+def lm(request, lm_model, tmp_path_factory):
+    rec = to_recurrent(lm_model, request.param)
+    be = OnnxBackend.from_recurrent(rec, tmp_path_factory.mktemp("lm"), max_chunk=8)
+    return rec, be
+
+
+@pytest.fixture(scope="module")
+def audio(tmp_path_factory):
+    model = DLRModel(AUDIO_CFG, seed=2)
+    rec = to_recurrent(model)
+    be = OnnxBackend.from_recurrent(rec, tmp_path_factory.mktemp("audio"), max_chunk=8)
+    return model, rec, be
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> None:
+    assert a.shape == b.shape
+    if a.is_complex() or b.is_complex():
+        diff = a.to(torch.complex128) - b.to(torch.complex128)
+    else:
+        diff = a.double() - b.double()
+    err = diff.abs().max().item() if a.numel() else 0.0
+    assert err <= tol, f"max abs error {err:.3g} > {tol}"
+
+
+def _check_state(be: OnnxBackend, s_onnx: dict, s_ref: dict, tol: float) -> None:
+    conv = be.to_torch_state(s_onnx, s_ref["ssm"].dtype)
+    assert set(conv) == set(s_ref)
+    for k in s_ref:
+        if k == "frame_fill":
+            assert torch.equal(conv[k], s_ref[k])
+        else:
+            _close(conv[k], s_ref[k], tol)
+
+
+# ---------------------------------------------------------------------- real-arithmetic twin
+@pytest.mark.parametrize("cdtype", [torch.complex64, torch.complex128])
+def test_real_twin_matches_recurrent(lm_model, cdtype):
+    rec = to_recurrent(lm_model, cdtype)
+    core = RealCore(rec, torch.float32 if cdtype == torch.complex64 else torch.float64, 8)
+    state = rec.init_state(3)
+    state["ssm"] = torch.randn_like(state["ssm"]) * 0.3
+    re, im = state["ssm"].real.to(core.dtype), state["ssm"].imag.to(core.dtype)
+    x = torch.randint(0, 20, (3, 8))
+    y_ref, s_ref = rec.chunk(x, state)
+    y, r, i = LMChunk(core)(x, re, im)
+    _close(y, y_ref, TOL[cdtype])
+    _close(torch.complex(r, i), s_ref["ssm"], TOL[cdtype])
+    y_ref, s_ref = rec.step(x[:, 0], state)
+    y, r, i = LMStep(core)(x[:, 0], re, im)
+    _close(y, y_ref, TOL[cdtype])
+    _close(torch.complex(r, i), s_ref["ssm"], TOL[cdtype])
+
+
+def test_real_twin_rejects_bad_settings(lm_model):
+    rec = to_recurrent(lm_model)
+    with pytest.raises(ValueError, match="dtype"):
+        RealCore(rec, torch.float16)
+    with pytest.raises(ValueError, match="max_chunk"):
+        RealCore(rec, max_chunk=0)
+
+
+# ---------------------------------------------------------------------- export
+def test_exported_graphs_pass_checker(lm, audio):
+    for be in (lm[1], audio[2]):
+        man = read_manifest(be.export_dir)
+        for g in man["graphs"].values():
+            model = onnx.load(str(be.export_dir / g))
+            onnx.checker.check_model(model, full_check=True)
+            dims = model.graph.input[0].type.tensor_type.shape.dim
+            assert dims[0].dim_param, "batch axis must be dynamic"
+
+
+def test_read_manifest_errors(tmp_path):
+    with pytest.raises(ValueError, match="not an ONNX export"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text('{"format_version": 99}')
+    with pytest.raises(ValueError, match="format_version"):
+        read_manifest(tmp_path)
+
+
+# ---------------------------------------------------------------------- LM parity
+def test_lm_step_parity(lm):
+    rec, be = lm
+    tol = TOL[rec.cdtype]
+    gen = torch.Generator().manual_seed(0)
+    s_ref, s_onnx = rec.init_state(4), be.init_state(4)
+    for _ in range(12):
+        tok = torch.randint(0, 20, (4,), generator=gen)
+        y_ref, s_ref = rec.step(tok, s_ref)
+        y, s_onnx = be.step(tok, s_onnx)
+        _close(y, y_ref, tol)
+    _check_state(be, s_onnx, s_ref, tol)
+
+
+@pytest.mark.parametrize("t", [0, 1, 5, 8, 9, 17])
+def test_lm_chunk_parity_any_length(lm, t):
+    rec, be = lm
+    tol = TOL[rec.cdtype]
+    x0 = torch.randint(0, 20, (3, 6))
+    s_ref, s_onnx = rec.chunk(x0, rec.init_state(3))[1], be.chunk(x0, be.init_state(3))[1]
+    x = torch.randint(0, 20, (3, t))
+    y_ref, s_ref = rec.chunk(x, s_ref)
+    y, s_onnx = be.chunk(x, s_onnx)
+    _close(y, y_ref, tol)
+    _check_state(be, s_onnx, s_ref, tol)
+
+
+def test_lm_dynamic_batch_and_reference(lm, lm_model):
+    rec, be = lm
+    x = torch.randint(0, 20, (5, 11))
+    ref = reference_forward(lm_model, x)  # (5, 11, V) float64, the specification
+    y, _ = be.chunk(x, be.init_state(5))
+    _close(y, ref, 1e-4)
+    y1, _ = be.chunk(x[:1], be.init_state(1))
+    _close(y1, ref[:1], 1e-4)
+
+
+def test_state_moves_between_backends(lm):
+    rec, be = lm
+    x = torch.randint(0, 20, (2, 10))
+    _, s = be.chunk(x[:, :4], be.init_state(2))
+    y_mixed, _ = rec.chunk(x[:, 4:], be.to_torch_state(s, rec.cdtype))
+    y_ref, _ = rec.chunk(x, rec.init_state(2))
+    _close(y_mixed, y_ref[:, 4:], TOL[rec.cdtype])
+    s2 = be.from_torch_state(rec.chunk(x[:, :4], rec.init_state(2))[1])
+    _close(be.chunk(x[:, 4:], s2)[0], y_ref[:, 4:], TOL[rec.cdtype])
+
+
+def test_lm_bad_input(lm):
+    _, be = lm
+    state = be.init_state(2)
+    with pytest.raises(ValueError, match="batch"):
+        be.step(torch.zeros(3, dtype=torch.int64), state)
+    with pytest.raises(ValueError, match="dims"):
+        be.chunk(torch.zeros(2, dtype=torch.int64), state)
+    with pytest.raises(ValueError, match="token ids"):
+        be.step(torch.tensor([0, 20]), state)
+    with pytest.raises(ValueError, match="classifier"):
+        be.scores(state)
+
+
+def test_backend_attributes(lm):
+    rec, be = lm
+    assert be.name == "onnx"
+    assert be.config == rec.config
+    assert be.device == torch.device("cpu")
+    assert be.state_bytes_per_session() == rec.state_bytes_per_session()
+    assert "CPUExecutionProvider" in be.describe()["providers"]
+
+
+# ---------------------------------------------------------------------- audio classifier
+def test_audio_chunks_and_steps(audio):
+    model, rec, be = audio
+    tol = TOL[torch.complex64]
+    x = torch.randn(3, 61)
+    s_ref, s_onnx = rec.init_state(3), be.init_state(3)
+    for a, b in [(0, 7), (7, 7), (7, 45), (45, 46)]:  # partial frame, empty, many frames, 1 sample
+        y_ref, s_ref = rec.chunk(x[:, a:b], s_ref)
+        y, s_onnx = be.chunk(x[:, a:b], s_onnx)
+        _close(y, y_ref, tol)
+        _check_state(be, s_onnx, s_ref, tol)
+    for k in range(46, 61):  # per-sample steps across frame boundaries
+        y_ref, s_ref = rec.step(x[:, k], s_ref)
+        y, s_onnx = be.step(x[:, k], s_onnx)
+        _close(y, y_ref, tol)
+    _check_state(be, s_onnx, s_ref, tol)
+    _close(be.scores(s_onnx), rec.scores(s_ref), tol)
+    full = reference_forward(model, x)  # (3, 15, C)
+    _close(be.chunk(x, be.init_state(3))[0], full, tol)
+
+
+def test_audio_rows_at_different_offsets(audio):
+    _, rec, be = audio
+    tol = TOL[torch.complex64]
+    x = torch.randn(2, 20)
+
+    def offsets(m):  # row 0 one sample into a frame, row 1 three samples
+        s0 = m.chunk(x[:1, :1], m.init_state(1))[1]
+        s1 = m.chunk(x[1:, :3], m.init_state(1))[1]
+        return {k: torch.cat([s0[k], s1[k]]) for k in s0}
+
+    s_ref, s_onnx = offsets(rec), offsets(be)
+    assert s_onnx["frame_fill"].tolist() == [1, 3]
+    y_ref, s_ref = rec.chunk(x[:, 3:10], s_ref)  # 7 more samples: both rows complete 2 frames
+    y, s_onnx = be.chunk(x[:, 3:10], s_onnx)
+    _close(y, y_ref, tol)
+    _check_state(be, s_onnx, s_ref, tol)
+    with pytest.raises(ValueError, match="different numbers of frames"):
+        be.chunk(x[:, :2], s_onnx)
+
+
+def test_classifier_chunk_twin(audio):
+    _, rec, be = audio
+    core = RealCore(rec, torch.float32, 8)
+    state = rec.init_state(2)
+    frames = torch.randn(2, 5, 4)
+    y_ref, s_ref = rec.chunk(frames.reshape(2, 20), state)
+    y, r, i, ms, mc = ClassifierChunk(core)(
+        frames, state["ssm"].real, state["ssm"].imag, state["mean_sum"], state["mean_count"]
+    )
+    _close(y, y_ref, 1e-5)
+    _close(ms, s_ref["mean_sum"], 1e-5)
+    assert mc.tolist() == [5.0, 5.0]
