@@ -181,7 +181,11 @@ class AsyncGenerateClient:
 
     async def generate(self, prompt: str, **params: Any) -> GenerateResult:
         """Generate a continuation of ``prompt`` and return it whole."""
-        body = {"prompt": prompt, "stream": False, **sampling_body(model=self.model, **params)}
+        body = {
+            "prompt": prompt,
+            "stream": False,
+            **sampling_body(**{"model": self.model, **params}),
+        }
         resp = await self._send("POST", "/v1/generate", json=body)
         data = _json_or_text(resp)
         if not isinstance(data, dict):
@@ -190,7 +194,11 @@ class AsyncGenerateClient:
 
     async def generate_stream(self, prompt: str, **params: Any) -> AsyncIterator[TokenEvent]:
         """Generate with ``stream: true``: yield one event per token as the server sends it."""
-        body = {"prompt": prompt, "stream": True, **sampling_body(model=self.model, **params)}
+        body = {
+            "prompt": prompt,
+            "stream": True,
+            **sampling_body(**{"model": self.model, **params}),
+        }
         resp = await self._send("POST", "/v1/generate", json=body, stream=True)
         try:
             async for event, data in _sse_events(resp):
