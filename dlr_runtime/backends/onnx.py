@@ -281,29 +281,9 @@ class OnnxBackend:
                 state[k] = state[k].index_copy(0, idx, sub[k])
         return self.scores(state), state
 
-    def _audio_chunk(self, x: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
-        fill = state["frame_fill"]
-        if x.shape[0] == 0 or bool((fill == fill[0]).all()):
-            f0 = int(fill[0]) if x.shape[0] else 0
-            return self._audio_chunk_aligned(x, state, f0)
-        outs: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for f in torch.unique(fill).tolist():
-            idx = (fill == f).nonzero().squeeze(-1)
-            sub = {k: v[idx] for k, v in state.items()}
-            y, sub = self._audio_chunk_aligned(x[idx], sub, int(f))
-            outs.append((idx, y))
-            for k in state:
-                state[k] = state[k].index_copy(0, idx, sub[k])
-        if len({y.shape[1] for _, y in outs}) != 1:
-            raise ValueError(
-                "streams at different frame offsets complete different numbers of frames in one "
-                "chunk; feed them separately or align their chunk lengths"
-            )
-        y0 = outs[0][1]
-        y = torch.empty(x.shape[0], *y0.shape[1:], dtype=y0.dtype, device=y0.device)
-        for idx, yy in outs:
-            y[idx] = yy
-        return y, state
+    # Streams at different offsets inside a frame are processed per offset group exactly as in
+    # RecurrentModel, whose grouping code only calls `_audio_chunk_aligned` (defined below).
+    _audio_chunk = RecurrentModel._audio_chunk
 
     def _audio_chunk_aligned(
         self, x: torch.Tensor, state: State, fill: int
