@@ -83,12 +83,27 @@ def live_server(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 
 
 @pytest.fixture(scope="session")
-def word_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A spoken command ("yes", espeak-ng, 16 kHz mono int16, padded to 1 s)."""
-    from training.data.speech_synth import synthesize_word
+def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """Start more servers (other models or settings); all are stopped at the end."""
+    started: list[LiveServer] = []
 
-    x = synthesize_word("yes", "en-us", 170, 50)  # (T,) float32 at 16 kHz
-    x = np.pad(x, (1600, max(0, 16000 - len(x) - 1600)))  # (>=16000,)
+    def start(models: Path, **settings: str) -> LiveServer:
+        log = tmp_path_factory.mktemp("server") / "server.log"
+        server = start_server(models, log, **settings)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        stop_server(server)
+
+
+@pytest.fixture(scope="session")
+def word_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A spoken command ("yes", espeak-ng, 16 kHz mono int16, centred in 1 s)."""
+    from training.data.speech_synth import synthesize_clip
+
+    x = synthesize_clip("yes", "en-us", 160, 50)  # (16000,) float32, word centred in 1 s
     path = tmp_path_factory.mktemp("audio") / "yes.wav"
     sf.write(path, x, 16000, subtype="PCM_16")
     return path

@@ -1,0 +1,155 @@
+"""The page at `/` in headless Chromium: live microphone classification and streamed text.
+
+Chromium's fake microphone plays a WAV of a spoken command (espeak-ng) in a loop; the page
+captures it with getUserMedia + an AudioWorklet at the browser's own sample rate and streams
+16-bit PCM over `WS /v1/speech/stream`. With the shipped speech model (models/speech-commands)
+the page must show the spoken word; with only the tiny random test model it must show the
+label the server itself gives the same audio. A screenshot is saved under tests/artifacts/.
+
+Skipped only when Chromium or Playwright is not installed (scripts/setup.sh installs both).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from clients import GenerateClient, SpeechClient
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "tests" / "artifacts"
+SHIPPED = REPO / "models" / "speech-commands"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+pytestmark = [
+    pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium)"),
+    pytest.mark.slow,
+]
+playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+
+
+@pytest.fixture(scope="module")
+def page_server(live_server, server_factory):
+    """The shipped models when they exist (the label must then be the spoken word), else tiny."""
+    if (SHIPPED / "config.json").is_file():
+        return server_factory(REPO / "models"), "speech-commands"
+    return live_server, "tiny-speech"
+
+
+@pytest.fixture(scope="module")
+def looped_wav(word_wav: Path, tmp_path_factory) -> Path:
+    """The word clip repeated 3 times (what the fake microphone plays over and over)."""
+    x, rate = sf.read(word_wav, dtype="int16")
+    path = tmp_path_factory.mktemp("fake-mic") / "yes-looped.wav"
+    sf.write(path, np.tile(x, 3), rate, subtype="PCM_16")
+    return path
+
+
+@pytest.fixture(scope="module")
+def browser(looped_wav: Path, tmp_path_factory):
+    args = [
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--autoplay-policy=no-user-gesture-required",
+        "--use-fake-ui-for-media-stream",
+        "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={looped_wav}",
+    ]
+    with playwright_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
+        yield b
+        b.close()
+
+
+def server_label(url: str, model: str, wav: Path) -> tuple[str, list[str]]:
+    """The label the server gives the clip over the WebSocket protocol, and all labels."""
+    with SpeechClient(url, model=model) as c:  # its own loop thread (Playwright owns this one)
+        label = c.recognize_file(wav).label
+        return label, c.labels
+
+
+def test_page_classifies_microphone_and_streams_text(browser, page_server, looped_wav):
+    server, model = page_server
+    expected, labels = server_label(server.url, model, looped_wav)
+    if model == "speech-commands":
+        assert expected == "yes", "the shipped model misclassifies the test word"
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    console: list[str] = []
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    page.goto(server.url + "/")
+    page.wait_for_function("document.querySelectorAll('#speech-model option').length > 0")
+    page.select_option("#speech-model", model)
+
+    # --- microphone -> live partials -> stop -> final
+    page.click("#mic-start")
+    page.wait_for_function(
+        "/Listening at \\d+ Hz/.test(document.getElementById('speech-status').textContent)"
+        " || /at [0-9.]+ s of audio/.test(document.getElementById('speech-status').textContent)",
+        timeout=20000,
+    )
+    # about three seconds of microphone audio (three loops of the word)
+    page.wait_for_function(
+        "(() => { const m = document.getElementById('speech-status').textContent"
+        ".match(/partial at ([0-9.]+) s/); return m && parseFloat(m[1]) >= 3.0; })()",
+        timeout=30000,
+    )
+    live_label = page.text_content("#label")
+    assert live_label in labels
+    rate = int(page.evaluate("mic.ctx.sampleRate"))
+    page.click("#mic-stop")
+    page.wait_for_function("document.getElementById('final-label').textContent !== '–'", timeout=20000)
+    final = page.text_content("#final-label").split(" ")[0]
+    assert page.text_content("#label") == final
+    bars = page.eval_on_selector_all(
+        "#bars .bar", "rows => rows.map(r => [r.dataset.label, r.querySelector('.fill').getBoundingClientRect().width])"
+    )
+    assert len(bars) == len(labels) and max(w for _, w in bars) > 10  # drawn, in pixels
+    assert max(bars, key=lambda b: b[1])[0] == final
+
+    # --- generation streamed token by token into the text box
+    page.fill("#prompt", "To be, or not to be")
+    page.fill("#max-tokens", "24")
+    page.fill("#temperature", "0")
+    page.evaluate(
+        "window.__updates = 0; new MutationObserver(() => window.__updates++)"
+        ".observe(document.getElementById('output'), {childList: true, characterData: true, subtree: true})"
+    )
+    page.click("#gen-start")
+    page.wait_for_function("/finished/.test(document.getElementById('gen-status').textContent)", timeout=30000)
+    shown = page.text_content("#output")
+    updates = page.evaluate("window.__updates")
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "browser-page.png"), full_page=True)
+    errors = page.text_content("#errors")
+    page.close()
+
+    assert final == expected, f"page said {final!r}, server says {expected!r} (sample rate {rate})"
+    assert rate > 0
+    with GenerateClient(server.url) as c:
+        ref = c.generate("To be, or not to be", max_new_tokens=24, temperature=0)
+    assert shown == ref.text
+    assert updates >= 2, "the text arrived in one piece, not token by token"
+    assert not errors.strip(), errors
+    assert not [c for c in console if c.startswith("error")], console
+
+
+def test_page_shows_server_errors(browser, live_server):
+    page = browser.new_page()
+    page.goto(live_server.url + "/")
+    page.wait_for_function("document.querySelectorAll('#lm-model option').length > 0")
+    page.fill("#prompt", "x")
+    page.fill("#max-tokens", "100000")  # over the server's cap: refused with 422 naming the field
+    page.click("#gen-start")
+    page.wait_for_function("document.querySelectorAll('#errors li').length > 0", timeout=15000)
+    text = page.text_content("#errors")
+    page.close()
+    assert "max_new_tokens" in text
