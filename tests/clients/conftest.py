@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 import soundfile as sf
 

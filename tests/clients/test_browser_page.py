@@ -26,7 +26,9 @@ SHIPPED = REPO / "models" / "speech-commands"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 pytestmark = [
-    pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium)"),
+    pytest.mark.skipif(
+        CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium)"
+    ),
     pytest.mark.slow,
 ]
 playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
@@ -105,11 +107,14 @@ def test_page_classifies_microphone_and_streams_text(browser, page_server, loope
     assert live_label in labels
     rate = int(page.evaluate("mic.ctx.sampleRate"))
     page.click("#mic-stop")
-    page.wait_for_function("document.getElementById('final-label').textContent !== '–'", timeout=20000)
+    page.wait_for_function(
+        "document.getElementById('final-label').textContent !== '–'", timeout=20000
+    )
     final = page.text_content("#final-label").split(" ")[0]
     assert page.text_content("#label") == final
     bars = page.eval_on_selector_all(
-        "#bars .bar", "rows => rows.map(r => [r.dataset.label, r.querySelector('.fill').getBoundingClientRect().width])"
+        "#bars .bar",
+        "rows => rows.map(r => [r.dataset.label, r.querySelector('.fill').getBoundingClientRect().width])",
     )
     assert len(bars) == len(labels) and max(w for _, w in bars) > 10  # drawn, in pixels
     assert max(bars, key=lambda b: b[1])[0] == final
@@ -123,7 +128,9 @@ def test_page_classifies_microphone_and_streams_text(browser, page_server, loope
         ".observe(document.getElementById('output'), {childList: true, characterData: true, subtree: true})"
     )
     page.click("#gen-start")
-    page.wait_for_function("/finished/.test(document.getElementById('gen-status').textContent)", timeout=30000)
+    page.wait_for_function(
+        "/finished/.test(document.getElementById('gen-status').textContent)", timeout=30000
+    )
     shown = page.text_content("#output")
     updates = page.evaluate("window.__updates")
 
