@@ -13,7 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlr_runtime import DLRConfig, DLRModel, save_checkpoint
+# Small tensors: one intra-op thread is much faster than two threads that contend (and the
+# server under test runs its own threads). Set once for the whole suite.
+torch.set_num_threads(1)
+
+from dlr_runtime import DLRConfig, DLRModel, save_checkpoint  # noqa: E402
 
 LM_NAME = "tiny-lm"
 SPEECH_NAME = "tiny-speech"
