@@ -130,6 +130,7 @@ class Scheduler:
         max_batch_size: int = 64,
         max_batch_wait_s: float = 0.002,
         max_chunk_frames: int = 64,
+        torch_threads: int = 0,
     ) -> None:
         self.engine = engine
         self.name = engine.name
@@ -137,7 +138,12 @@ class Scheduler:
         self.max_batch_size = max_batch_size
         self.max_batch_wait_s = max_batch_wait_s
         self.max_chunk_frames = max_chunk_frames
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"engine-{engine.name}")
+        self._executor = ThreadPoolExecutor(  # torch's thread count is per calling thread
+            1,
+            thread_name_prefix=f"engine-{engine.name}",
+            initializer=torch.set_num_threads if torch_threads else None,
+            initargs=(torch_threads,) if torch_threads else (),
+        )
         self._prefills: list[tuple[Any, list[int]]] = []
         self._starting: list[Generation] = []
         self._running: OrderedDict[int, Generation] = OrderedDict()

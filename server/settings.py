@@ -26,6 +26,9 @@ class Settings(BaseSettings):
     state_dtype: Literal["complex64", "complex128"] = Field(
         "complex64", description="dtype of the recurrent state"
     )
+    torch_threads: int = Field(
+        0, ge=0, description="CPU threads for torch (0 = torch's default); 1 suits small models"
+    )
     max_sessions: int = Field(256, ge=1, description="state slots per model (live sessions)")
     max_batch_size: int = Field(64, ge=1, description="rows per batched call, per operation")
     max_batch_wait_ms: float = Field(

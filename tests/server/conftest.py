@@ -26,6 +26,7 @@ def make_settings(models_dir: Path, **kw) -> Settings:
         max_batch_wait_ms=2.0,
         partial_interval_ms=0.0,
         idle_timeout_s=30.0,
+        torch_threads=1,
     )
     base.update(kw)
     return Settings(**base)
