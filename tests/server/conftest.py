@@ -13,6 +13,7 @@ import httpx
 import pytest
 import uvicorn
 from fastapi.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
 
 from server.app import create_app
 from server.settings import Settings
@@ -90,3 +91,28 @@ def live(models_dir: Path) -> Iterator[LiveServer]:
 
 def run(coro):
     return asyncio.run(coro)
+
+
+def expect_error(ws, code: str, close: int) -> None:
+    """The next message is an error with `code`, then the server closes with `close`."""
+    msg = ws.receive_json()
+    assert msg["type"] == "error" and msg["code"] == code, msg
+    assert msg["message"]
+    with pytest.raises(WebSocketDisconnect) as e:
+        ws.receive_json()
+    assert e.value.code == close
+
+
+def play_until_error(ws, messages: list, code: str, close: int, valid_start) -> None:
+    """Send text (str), binary (bytes) or JSON (dict) messages; after each start message that
+    `valid_start(msg)` accepts, read its ready; then expect the error `code` and close."""
+    for m in messages:
+        if isinstance(m, bytes):
+            ws.send_bytes(m)
+        elif isinstance(m, str):
+            ws.send_text(m)
+        else:
+            ws.send_json(m)
+            if m.get("type") == "start" and valid_start(m):
+                assert ws.receive_json()["type"] == "ready"
+    expect_error(ws, code, close)

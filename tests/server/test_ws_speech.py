@@ -12,12 +12,11 @@ import torch
 import torchaudio
 import websockets
 from fastapi.testclient import TestClient
-from starlette.websockets import WebSocketDisconnect
 
 from dlr_runtime import load_recurrent
 from server.app import create_app
 from tests.conftest import SPEECH_NAME
-from tests.server.conftest import make_settings
+from tests.server.conftest import expect_error, make_settings, play_until_error
 
 speech_synth = pytest.importorskip("training.data.speech_synth")
 
@@ -86,15 +85,6 @@ def test_flow_partials_final_and_restart(client, clips, models_dir):
         assert final2["score"] == pytest.approx(final["score"], abs=1e-3)  # int16 rounding
 
 
-def expect_error(ws, code: str, close: int) -> None:
-    msg = ws.receive_json()
-    assert msg["type"] == "error" and msg["code"] == code, msg
-    assert msg["message"]
-    with pytest.raises(WebSocketDisconnect) as e:
-        ws.receive_json()
-    assert e.value.code == close
-
-
 START = {"type": "start", "sample_rate": 16000, "encoding": "pcm_s16le"}
 
 
@@ -119,21 +109,11 @@ START = {"type": "start", "sample_rate": 16000, "encoding": "pcm_s16le"}
     ],
 )
 def test_error_paths(client, messages, code, close):
+    def valid(m: dict) -> bool:
+        return m.get("model") is None and code != "invalid_message"
+
     with client.websocket_connect("/v1/speech/stream") as ws:
-        for m in messages:
-            if isinstance(m, bytes):
-                ws.send_bytes(m)
-            elif isinstance(m, str):
-                ws.send_text(m)
-            else:
-                ws.send_json(m)
-                if (
-                    m.get("type") == "start"
-                    and m.get("model") is None
-                    and code != "invalid_message"
-                ):
-                    assert ws.receive_json()["type"] == "ready"
-        expect_error(ws, code, close)
+        play_until_error(ws, messages, code, close, valid)
 
 
 def test_overload_idle_and_queue_limits(models_dir):

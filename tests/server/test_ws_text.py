@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from starlette.websockets import WebSocketDisconnect
 
 from tests.conftest import LM_NAME
+from tests.server.conftest import play_until_error
 
 
 def collect(ws) -> tuple[str, dict]:
@@ -58,14 +58,6 @@ def test_generate_without_append_continues(client):
         assert done["usage"] == {"prompt_tokens": 1, "completion_tokens": 0}
 
 
-def expect_error(ws, code: str, close: int) -> None:
-    msg = ws.receive_json()
-    assert msg["type"] == "error" and msg["code"] == code, msg
-    with pytest.raises(WebSocketDisconnect) as e:
-        ws.receive_json()
-    assert e.value.code == close
-
-
 @pytest.mark.parametrize(
     "messages,code,close",
     [
@@ -83,13 +75,4 @@ def expect_error(ws, code: str, close: int) -> None:
 )
 def test_error_paths(client, messages, code, close):
     with client.websocket_connect("/v1/generate/stream") as ws:
-        for m in messages:
-            if isinstance(m, bytes):
-                ws.send_bytes(m)
-            elif isinstance(m, str):
-                ws.send_text(m)
-            else:
-                ws.send_json(m)
-                if m == {"type": "start"}:
-                    assert ws.receive_json()["type"] == "ready"
-        expect_error(ws, code, close)
+        play_until_error(ws, messages, code, close, lambda m: m == {"type": "start"})
