@@ -1,0 +1,57 @@
+"""DistributedDataParallel smoke test: torchrun starts 2 CPU processes (gloo) that train a step."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .conftest import TINY_MODEL
+
+
+def test_torchrun_two_gloo_processes_run_a_step(tmp_path: Path, text_dir: Path) -> None:
+    out = tmp_path / "ddp"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "training.cli",
+        "lm",
+        "--device",
+        "cpu",
+        "--text",
+        str(text_dir),
+        "--out-dir",
+        str(out),
+        "--steps",
+        "2",
+        "--steps-per-epoch",
+        "2",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "2",
+        "--eval-tokens",
+        "32",
+        "--valid-fraction",
+        "0.34",
+        "--samples",
+        "0",
+        "--no-progress",
+        "--threads",
+        "1",
+        "--log-every",
+        "1",
+        *TINY_MODEL,
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).parents[2]))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 2
+    assert summary["items_seen"] == 2 * 2 * 2 * 16  # steps x processes x batch x seq_len

