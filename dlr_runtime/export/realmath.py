@@ -50,6 +50,7 @@ class RealCore(nn.Module):
         self.config = rec.config
         self.dtype = dtype
         self.max_chunk = max_chunk
+        self.f32_erf = dtype == torch.float64  # see `_post`; torch-only users may turn it off
         self.shared = list(rec.shared)
         cpu = torch.device("cpu")
         self.encoder = copy.deepcopy(rec.encoder).to(cpu, dtype).eval()
@@ -89,7 +90,7 @@ class RealCore(nn.Module):
         ONNX Runtime has no float64 Erf kernel, so a float64 graph evaluates erf in float32
         (relative error ~1e-7 in the activation; the state recurrence stays float64).
         """
-        if self.dtype == torch.float64:
+        if self.f32_erf:
             z = 0.5 * s * (1.0 + torch.erf(s.float() * 0.7071067811865476).double())
         else:
             z = F.gelu(s)
