@@ -207,3 +207,38 @@ def test_bad_options_fail_with_a_clear_message(tmp_path: Path, capsys) -> None:
     assert "unknown task" in capsys.readouterr().err
     assert main(["speech", "--frame-stride", "7", "--out-dir", str(tmp_path / "w"), *QUIET]) == 2
     assert "frame-stride" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_lm_recipe_on_cuda_with_bfloat16_autocast(tmp_path: Path, text_dir: Path) -> None:
+    out = tmp_path / "cuda"
+    argv = [
+        "lm",
+        "--text",
+        str(text_dir),
+        "--out-dir",
+        str(out),
+        "--device",
+        "cuda",
+        "--amp",
+        "--steps",
+        "4",
+        "--steps-per-epoch",
+        "2",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "4",
+        "--eval-tokens",
+        "64",
+        "--valid-fraction",
+        "0.34",
+        "--sample-bytes",
+        "8",
+        *TINY_MODEL,
+        *QUIET,
+    ]
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["hardware"]["gpu"] and 0 < summary["test"]["bpb"] < 12
