@@ -66,6 +66,7 @@ class Generation:
     decoder: IncrementalDecoder = field(default_factory=IncrementalDecoder)
     stop: StopMatcher | None = None
     next_token: int | None = None  # sampled, not yet fed
+    sampled: list[int] = field(default_factory=list)  # every token sampled, in order
     n_generated: int = 0
     prompt_tokens: int = 0
     created: float = field(default_factory=time.perf_counter)
@@ -96,7 +97,9 @@ class SpeechStream:
     seq: int = field(default_factory=lambda: next(_ids))
 
     def take(self, n: int) -> torch.Tensor:
-        x = torch.cat(self.chunks) if len(self.chunks) != 1 else self.chunks[0]  # (buffered,)
+        if not self.chunks:
+            return torch.zeros(0)
+        x = torch.cat(self.chunks) if len(self.chunks) > 1 else self.chunks[0]  # (buffered,)
         head, rest = x[:n], x[n:]
         self.chunks = [rest] if rest.numel() else []
         self.buffered -= n
@@ -431,6 +434,7 @@ class Scheduler:
 
     def _on_token(self, g: Generation, tok: int) -> None:
         now = time.perf_counter()
+        g.sampled.append(tok)
         if g.cancelled:
             g.session.pending.append(tok)
             self._finish(g, "cancelled")

@@ -1,0 +1,47 @@
+"""Settings from DLR_* environment variables and dlr-serve flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from server.cli import build_parser
+from server.settings import DEFAULT_MODELS_DIR, Settings
+
+
+def test_defaults_serve_repo_models_on_all_interfaces(monkeypatch):
+    for k in ("DLR_HOST", "DLR_PORT", "DLR_MODELS_DIR"):
+        monkeypatch.delenv(k, raising=False)
+    s = Settings()
+    assert (s.host, s.port) == ("0.0.0.0", 8000)
+    assert s.models_dir == DEFAULT_MODELS_DIR
+    assert Path(__file__).resolve().parents[2] / "models" == DEFAULT_MODELS_DIR
+
+
+def test_env_and_flags(monkeypatch, tmp_path):
+    monkeypatch.setenv("DLR_PORT", "9123")
+    monkeypatch.setenv("DLR_MODELS_DIR", str(tmp_path))
+    monkeypatch.setenv("DLR_MAX_BATCH_SIZE", "1")
+    s = Settings()
+    assert (s.port, s.models_dir, s.max_batch_size) == (9123, tmp_path, 1)
+    args = build_parser().parse_args(
+        ["--port", "9000", "--max-batch-wait-ms", "0.5", "--state-dtype", "complex128"]
+    )
+    overrides = {k: v for k, v in vars(args).items() if v is not None}
+    s = Settings(**overrides)
+    assert (s.port, s.max_batch_wait_ms, s.state_dtype, s.max_batch_size) == (
+        9000,
+        0.5,
+        "complex128",
+        1,
+    )  # flags override env, env fills the rest
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--backend", "tensorrt"])
+
+
+def test_invalid_env_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("DLR_MAX_SESSIONS", "0")
+    with pytest.raises(ValidationError, match="max_sessions"):
+        Settings()
