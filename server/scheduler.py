@@ -241,6 +241,9 @@ class Scheduler:
 
     async def end_audio(self, s: SpeechStream) -> torch.Tensor:
         """Mark the end of a stream; returns the final scores (C,) once all audio is fed."""
+        if s.error is not None:
+            self._streams.pop(s.seq, None)
+            raise s.error
         s.ended = True
         s.final = asyncio.get_running_loop().create_future()
         self._kick()

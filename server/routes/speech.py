@@ -90,7 +90,8 @@ class SpeechSession:
             if wait > 0:
                 await asyncio.sleep(wait)
             s.progress.clear()
-            if s.error is not None:
+            if s.error is not None:  # its batch failed: tell the client now
+                await self.conn.fail("internal_error", str(s.error))
                 return
             if s.latest is not None:
                 await self.conn.send(result("partial", self.labels, s.latest, self.audio_ms()))

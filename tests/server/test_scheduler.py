@@ -80,6 +80,12 @@ def test_failed_audio_batch_reports_to_its_streams(models_dir):
         s.push_audio(st, torch.zeros(320))
         with pytest.raises(BatchError, match="boom"):
             await s.end_audio(st)
+        late = s.open_stream(await s.open_slot())  # fails while audio is queued, ends later
+        s.fail_next_batch = RuntimeError("boom again")
+        s.push_audio(late, torch.zeros(320))
+        await late.progress.wait()
+        with pytest.raises(BatchError, match="boom again"):
+            await s.end_audio(late)
         other = s.open_stream(await s.open_slot())
         s.push_audio(other, torch.zeros(320))
         assert (await s.end_audio(other)).shape == (10,)

@@ -238,3 +238,20 @@ def test_resampled_input_classifies_like_16k(live, clips, rate):
         assert got["label"] == ref["label"]
         assert abs(got["audio_ms"] - ref["audio_ms"]) <= 1.0
         assert got["score"] == pytest.approx(ref["score"], abs=0.02)
+
+
+def test_failed_batch_is_reported_with_1011_and_server_keeps_serving(client, clips):
+    sched = client.app.state.dlr.models[SPEECH_NAME].scheduler
+    with client.websocket_connect("/v1/speech/stream") as ws:
+        ws.send_json({**START, "interim_results": True})
+        assert ws.receive_json()["type"] == "ready"
+        sched.fail_next_batch = RuntimeError("injected")
+        ws.send_bytes(s16(clips["go"]))
+        expect_error(ws, "internal_error", 1011)
+    with client.websocket_connect("/v1/speech/stream") as ws:
+        ws.send_json({**START, "interim_results": False})
+        assert ws.receive_json()["type"] == "ready"
+        ws.send_bytes(s16(clips["go"]))
+        ws.send_json({"type": "end"})
+        assert ws.receive_json()["type"] == "final"
+    assert client.get("/readyz").json()["sessions"] == 0
