@@ -107,6 +107,7 @@ def load_models(settings: Settings, metrics: Metrics) -> dict[str, ModelEntry]:
             max_batch_wait_s=settings.max_batch_wait_ms / 1000,
             max_chunk_frames=settings.max_chunk_frames,
             torch_threads=settings.torch_threads,
+            max_prefill_tokens=settings.max_prefill_tokens,
         )
         models[path.name] = ModelEntry(path.name, engine.kind, engine, sched, path)
         log.info("loaded model %s (%s) on %s", path.name, engine.kind, device)

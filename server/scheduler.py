@@ -114,7 +114,10 @@ class _Prefill:
 
 @dataclass
 class _Batch:
-    prefill: list[tuple[Any, list[int]]] = field(default_factory=list)  # (Generation|future, toks)
+    prefill: list[tuple[Any, list[int]]] = field(
+        default_factory=list
+    )  # (Generation|_Prefill, toks)
+    prefill_last: list[bool] = field(default_factory=list)  # the item's last piece of prompt
     sample_only: list[Generation] = field(default_factory=list)
     decode: list[Generation] = field(default_factory=list)
     audio: list[tuple[SpeechStream, torch.Tensor]] = field(default_factory=list)
@@ -134,6 +137,7 @@ class Scheduler:
         max_batch_wait_s: float = 0.002,
         max_chunk_frames: int = 64,
         torch_threads: int = 0,
+        max_prefill_tokens: int = 2048,
     ) -> None:
         self.engine = engine
         self.name = engine.name
@@ -141,6 +145,8 @@ class Scheduler:
         self.max_batch_size = max_batch_size
         self.max_batch_wait_s = max_batch_wait_s
         self.max_chunk_frames = max_chunk_frames
+        block = engine.prefill_block  # slices on block boundaries keep each prompt's pieces
+        self.max_prefill_tokens = max(1, max_prefill_tokens // block) * block
         self._executor = ThreadPoolExecutor(  # torch's thread count is per calling thread
             1,
             thread_name_prefix=f"engine-{engine.name}",
@@ -280,8 +286,10 @@ class Scheduler:
             elif len(b.decode) < cap:
                 b.decode.append(g)  # oldest generations first
         n_pre = 0
+        carry: list[tuple[Any, list[int]]] = []  # rest of long prompts, first in the next batch
         while self._prefills and n_pre < cap:
-            b.prefill.append(self._prefills.pop(0))
+            item, toks = self._prefills.pop(0)
+            self._add_prefill(b, item, toks, carry)
             n_pre += 1
         while self._starting and n_pre < cap:
             g = self._starting.pop(0)
@@ -291,10 +299,11 @@ class Scheduler:
                 self._finish(g, "cancelled")
                 continue
             if g.feed:
-                b.prefill.append((g, g.feed))
+                self._add_prefill(b, g, g.feed, carry)
                 n_pre += 1
             else:
                 b.sample_only.append(g)
+        self._prefills[:0] = carry
         served = []
         for key, s in self._streams.items():
             if len(b.audio) >= cap:
@@ -311,6 +320,15 @@ class Scheduler:
         for key in served:  # round robin: served streams go to the back
             self._streams.move_to_end(key)
         return b
+
+    def _add_prefill(self, b: _Batch, item: Any, toks: list[int], carry: list) -> None:
+        """Add at most `max_prefill_tokens` of a prompt (so decodes of other sessions are not
+        held up by a long prompt); the rest waits in `carry`."""
+        n = self.max_prefill_tokens
+        b.prefill.append((item, toks[:n]))
+        b.prefill_last.append(len(toks) <= n)
+        if len(toks) > n:
+            carry.append((item, toks[n:]))
 
     async def _loop(self) -> None:
         while not self._closed:
@@ -349,12 +367,9 @@ class Scheduler:
             m.batch_latency.labels(name, "prefill").observe(time.perf_counter() - t0)
             m.batch_size.labels(name, "prefill").observe(len(slots))
             m.prompt_tokens.labels(name).inc(sum(len(t) for _, t in b.prefill))
-            for (item, _), row in zip(b.prefill, logits, strict=True):
-                tok = (
-                    sample_token(row, item.params, item.gen)
-                    if isinstance(item, Generation)
-                    else None
-                )
+            for (item, _), last, row in zip(b.prefill, b.prefill_last, logits, strict=True):
+                sample = last and isinstance(item, Generation)
+                tok = sample_token(row, item.params, item.gen) if sample else None
                 out["prefill"].append((row, tok))
         for g in b.sample_only:
             out["sample"].append(sample_token(g.session.last_logits, g.params, g.gen))
@@ -414,7 +429,11 @@ class Scheduler:
 
     # ------------------------------------------------------------------ results
     def _deliver(self, b: _Batch, out: dict[str, Any]) -> None:
-        for (item, _), (row, tok) in zip(b.prefill, out["prefill"], strict=True):
+        for (item, _), last, (row, tok) in zip(
+            b.prefill, b.prefill_last, out["prefill"], strict=True
+        ):
+            if not last:
+                continue
             if isinstance(item, Generation):
                 item.session.last_logits = row
                 self._on_token(item, tok)
@@ -481,6 +500,8 @@ class Scheduler:
 
     def _fail(self, b: _Batch, e: BaseException) -> None:
         err = BatchError(f"inference failed: {type(e).__name__}: {e}")
+        failed = {id(item) for item, _ in b.prefill}
+        self._prefills = [(i, t) for i, t in self._prefills if id(i) not in failed]
         for item, _ in b.prefill:
             if isinstance(item, Generation):
                 self._fail_gen(item, err)

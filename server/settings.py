@@ -27,12 +27,17 @@ class Settings(BaseSettings):
         "complex64", description="dtype of the recurrent state"
     )
     torch_threads: int = Field(
-        0, ge=0, description="CPU threads for torch (0 = torch's default); 1 suits small models"
+        1,
+        ge=0,
+        description="CPU threads of each engine (0 = torch's default; raise for big models)",
     )
     max_sessions: int = Field(256, ge=1, description="state slots per model (live sessions)")
     max_batch_size: int = Field(64, ge=1, description="rows per batched call, per operation")
     max_batch_wait_ms: float = Field(
         2.0, ge=0, description="wait this long for more work before a batch without decodes"
+    )
+    max_prefill_tokens: int = Field(
+        2048, ge=1, description="prompt tokens one session prefills per batch at most"
     )
     max_chunk_frames: int = Field(
         64, ge=1, description="audio frames one speech session feeds per batch at most"

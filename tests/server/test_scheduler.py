@@ -92,3 +92,24 @@ def test_failed_audio_batch_reports_to_its_streams(models_dir):
         await s.stop()
 
     asyncio.run(main())
+
+
+def test_long_prompts_are_prefilled_in_slices_with_identical_results(models_dir):
+    """A prompt longer than max_prefill_tokens is fed over several batches (so running
+    decodes are not held up) and gives the same logits as one engine prefill."""
+
+    async def main():
+        s = make(models_dir, LM_NAME)
+        s.max_prefill_tokens = 256
+        s.start()
+        toks = [int(t) for t in torch.randint(0, 256, (1000,), generator=torch.Generator())]
+        sess = TextSession(slot=await s.open_slot(), pending=[])
+        n0 = s.batches_run
+        got = await s.prefill(sess, toks)
+        assert s.batches_run - n0 == 4  # 256 + 256 + 256 + 232
+        ref = s.engine.open()
+        want = s.engine.prefill([ref], [toks])[0]
+        assert torch.equal(got, want.float())
+        await s.stop()
+
+    asyncio.run(main())
