@@ -28,7 +28,14 @@ from clients.errors import (
     error_from_ws,
 )
 
-__all__ = ["RESUMABLE_CLOSE_CODES", "ClientConfig", "Disconnected", "WSConnection", "ws_url"]
+__all__ = [
+    "RESUMABLE_CLOSE_CODES",
+    "ClientBase",
+    "ClientConfig",
+    "Disconnected",
+    "WSConnection",
+    "ws_url",
+]
 
 #: close codes after which a session may be resumed with its resume token: going away (server
 #: restart or drain), abnormal closure (network drop), service restart, try again later.
@@ -49,6 +56,30 @@ class ClientConfig:
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+class ClientBase:
+    """Constructor shared by the clients: where the server is, which model, how patient."""
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 60.0,
+        max_reconnects: int = 3,
+        config: ClientConfig | None = None,
+    ) -> None:
+        self.cfg = config or ClientConfig(
+            base_url=base_url,
+            api_key=api_key,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            max_reconnects=max_reconnects,
+        )
+        self.model = model  # None: the server's first model of the needed kind
 
 
 def ws_url(base_url: str, path: str) -> str:

@@ -18,7 +18,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from clients._ws import ClientConfig, Disconnected, WSConnection
+from clients._ws import ClientBase, Disconnected, WSConnection
 from clients.errors import ConnectionFailed, ProtocolError
 from clients.generate import sampling_body
 from clients.types import GenerateResult, TokenEvent, Usage
@@ -29,28 +29,14 @@ CHAT_PATH = "/v1/generate/stream"
 _INFO_TYPES = ("appended", "ack", "ping", "pong", "info", "warning", "ready", "resumed")
 
 
-class AsyncChatSession:
-    """One server-side text session; use as an async context manager."""
+class AsyncChatSession(ClientBase):
+    """One server-side text session; use as an async context manager.
 
-    def __init__(
-        self,
-        base_url: str = "http://127.0.0.1:8000",
-        *,
-        model: str | None = None,
-        api_key: str | None = None,
-        connect_timeout: float = 10.0,
-        read_timeout: float = 60.0,
-        max_reconnects: int = 3,
-        config: ClientConfig | None = None,
-    ) -> None:
-        self.cfg = config or ClientConfig(
-            base_url=base_url,
-            api_key=api_key,
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            max_reconnects=max_reconnects,
-        )
-        self.model = model
+    Keyword arguments: those of :class:`~clients._ws.ClientBase` (model, api_key, timeouts, ...).
+    """
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", **kw: Any) -> None:
+        super().__init__(base_url, **kw)
         self._conn: WSConnection | None = None
         self.session_id: str | None = None
         self.resume_token: str | None = None

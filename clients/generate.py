@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from clients._ws import ClientConfig
+from clients._ws import ClientBase
 from clients.errors import (
     ConnectionFailed,
     Overloaded,
@@ -70,29 +70,17 @@ def _json_or_text(resp: httpx.Response) -> Any:
         return resp.text
 
 
-class AsyncGenerateClient:
-    """Async client of the server's HTTP endpoints; use as an async context manager."""
+class AsyncGenerateClient(ClientBase):
+    """Async client of the server's HTTP endpoints; use as an async context manager.
+
+    Keyword arguments: those of :class:`~clients._ws.ClientBase`, and ``retry_overloaded``
+    (retry 429/503 answers after their Retry-After).
+    """
 
     def __init__(
-        self,
-        base_url: str = "http://127.0.0.1:8000",
-        *,
-        model: str | None = None,
-        api_key: str | None = None,
-        connect_timeout: float = 10.0,
-        read_timeout: float = 60.0,
-        max_reconnects: int = 3,
-        retry_overloaded: bool = False,
-        config: ClientConfig | None = None,
+        self, base_url: str = "http://127.0.0.1:8000", *, retry_overloaded: bool = False, **kw: Any
     ) -> None:
-        self.cfg = config or ClientConfig(
-            base_url=base_url,
-            api_key=api_key,
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            max_reconnects=max_reconnects,
-        )
-        self.model = model
+        super().__init__(base_url, **kw)
         self.retry_overloaded = retry_overloaded
         timeout = httpx.Timeout(self.cfg.read_timeout, connect=self.cfg.connect_timeout)
         self._http = httpx.AsyncClient(

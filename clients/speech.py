@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from clients._ws import ClientConfig, Disconnected, WSConnection
+from clients._ws import ClientBase, Disconnected, WSConnection
 from clients.audio import ENCODINGS, chunk_pcm, read_audio, to_pcm_bytes
 from clients.errors import ConnectionFailed, ProtocolError
 from clients.types import SpeechResult
@@ -76,28 +76,14 @@ class _Upload:
         return out
 
 
-class AsyncSpeechClient:
-    """Async client of the speech stream endpoint; use as an async context manager."""
+class AsyncSpeechClient(ClientBase):
+    """Async client of the speech stream endpoint; use as an async context manager.
 
-    def __init__(
-        self,
-        base_url: str = "http://127.0.0.1:8000",
-        *,
-        model: str | None = None,
-        api_key: str | None = None,
-        connect_timeout: float = 10.0,
-        read_timeout: float = 60.0,
-        max_reconnects: int = 3,
-        config: ClientConfig | None = None,
-    ) -> None:
-        self.cfg = config or ClientConfig(
-            base_url=base_url,
-            api_key=api_key,
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            max_reconnects=max_reconnects,
-        )
-        self.model = model
+    Keyword arguments: those of :class:`~clients._ws.ClientBase` (model, api_key, timeouts, ...).
+    """
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", **kw: Any) -> None:
+        super().__init__(base_url, **kw)
         self._conn: WSConnection | None = None
         self.session_id: str | None = None
         self.resume_token: str | None = None

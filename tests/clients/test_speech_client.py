@@ -61,10 +61,6 @@ def test_final_matches_the_model_run_without_the_server(live_server, models_dir,
     assert final.session_id
 
 
-@pytest.mark.skip(
-    reason="server bug: an 'end' arriving after all audio was processed crashes the model's "
-    "scheduler loop (SpeechStream.take(0) on an empty buffer: torch.cat([])), so no final comes"
-)
 def test_realtime_pacing_sends_partials_as_audio_goes_out(live_server, word_wav):
     async def go(realtime: bool):
         async with AsyncSpeechClient(live_server.url) as c:
@@ -166,3 +162,24 @@ def test_connection_refused_and_silent_server():
         for c in held:
             c.close()
         listener.close()
+
+
+def test_server_going_away_mid_stream_is_reported_not_hung(server_factory, models_dir, word_wav):
+    """A server stopped mid-stream: the client raises ConnectionFailed promptly (no resume
+    token was given, so there is nothing to resume)."""
+    server = server_factory(models_dir)
+    clip = read_audio(word_wav)
+    long_audio = np.tile(clip.samples, 20)  # 20 s, sent at real time
+    stopped_at: list[float] = []
+
+    async def go() -> None:
+        async with AsyncSpeechClient(server.url, read_timeout=20, max_reconnects=1) as c:
+            chunks = np.array_split(long_audio, 200)
+            async for r in c.stream(chunks, sample_rate=clip.sample_rate, realtime=True):
+                if r.audio_ms >= 300 and not stopped_at:
+                    server.proc.terminate()  # graceful shutdown while the stream is live
+                    stopped_at.append(time.monotonic())
+
+    with pytest.raises(ConnectionFailed):
+        run(go())
+    assert stopped_at and time.monotonic() - stopped_at[0] < 10

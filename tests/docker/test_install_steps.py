@@ -99,13 +99,15 @@ def test_build_stage_install_runs_in_a_fresh_venv(tmp_path, models_dir):
                         target,
                         ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"),
                     )
+                elif dest.endswith("/"):
+                    target.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(s, target / s.name)
                 else:
                     target.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(s, target if not dest.endswith("/") else target / s.name)
+                    shutil.copy2(s, target)
         elif key == "RUN":
-            cmd = args
-            for image_path in sorted(set(re.findall(r"(/[\w./-]+)", args)), key=len, reverse=True):
-                cmd = cmd.replace(image_path, str(host(image_path)))
+            # absolute image paths (whole words) are mapped into the temporary root
+            cmd = " ".join(str(host(w)) if w.startswith("/") else w for w in shlex.split(args))
             out = subprocess.run(
                 cmd,
                 shell=True,
