@@ -35,11 +35,17 @@ playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright i
 
 
 @pytest.fixture(scope="module")
-def page_server(live_server, server_factory):
-    """The shipped models when they exist (the label must then be the spoken word), else tiny."""
-    if (SHIPPED / "config.json").is_file():
-        return server_factory(REPO / "models"), "speech-commands"
-    return live_server, "tiny-speech"
+def page_server(live_server, server_factory, models_dir, tmp_path_factory):
+    """The shipped speech model when it exists (the label must then be the spoken word), else
+    the tiny one; the shipped byte LM when it exists, else the tiny one."""
+    if not (SHIPPED / "config.json").is_file():
+        return live_server, "tiny-speech"
+    root = tmp_path_factory.mktemp("page-models")
+    shutil.copytree(SHIPPED, root / SHIPPED.name)
+    lm = REPO / "models" / "byte-lm"
+    lm = lm if (lm / "config.json").is_file() else models_dir / "tiny-lm"
+    shutil.copytree(lm, root / lm.name)
+    return server_factory(root), SHIPPED.name
 
 
 @pytest.fixture(scope="module")

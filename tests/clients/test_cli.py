@@ -115,3 +115,12 @@ def test_errors_exit_nonzero_with_the_server_code(live_server, word_wav, tmp_pat
     assert out.returncode == 2 and "no such file" in out.stderr
     out = cli("http://127.0.0.1:9", "--connect-timeout", "1", "models")
     assert out.returncode == 1 and "cannot connect" in out.stderr
+
+
+def test_mic_without_sounddevice_says_what_to_install(live_server):
+    import importlib.util
+
+    if importlib.util.find_spec("sounddevice") is not None:
+        pytest.skip("sounddevice is installed here; this checks the message shown without it")
+    out = cli(live_server.url, "speech", "--mic", "--seconds", "1")
+    assert out.returncode == 1 and "sounddevice" in out.stderr and "[mic]" in out.stderr
