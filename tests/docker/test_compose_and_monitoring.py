@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
 DASHBOARD = DOCKER / "grafana" / "dashboards" / "dlr-serve.json"
 COMPOSE_V1 = shutil.which("docker-compose")
+PROMTOOL = shutil.which("promtool")
 HADOLINT = shutil.which("hadolint") or shutil.which(
     "hadolint", path=str(Path(sys.executable).parent)
 )
@@ -117,6 +118,44 @@ def test_prometheus_scrapes_the_server_service():
         assert services[host]["environment"]["DLR_PORT"] == port
     prom = services["prometheus"]
     assert any(v.endswith(":/etc/prometheus/prometheus.yml:ro") for v in prom["volumes"])
+
+
+@pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool (Debian package prometheus) is not installed"
+)
+def test_promtool_accepts_the_config_and_every_dashboard_query(tmp_path):
+    out = subprocess.run(
+        [
+            PROMTOOL,
+            "check",
+            "config",
+            "--syntax-only",
+            str(DOCKER / "prometheus" / "prometheus.yml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    # each dashboard query as a recording rule, so promtool parses its PromQL
+    exprs = [e.replace("$__rate_interval", "1m") for e in dashboard_exprs()]
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [
+                    {"record": f"dashboard:query_{i}", "expr": e} for i, e in enumerate(exprs)
+                ],
+            }
+        ]
+    }
+    path = tmp_path / "rules.yml"
+    path.write_text(yaml.safe_dump(rules))
+    out = subprocess.run(
+        [PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{len(exprs)} rules found" in out.stdout
 
 
 def test_grafana_provisioning_points_at_prometheus_and_the_dashboard():
