@@ -33,6 +33,7 @@ from clients.types import SpeechResult
 __all__ = ["AsyncSpeechClient", "SPEECH_PATH"]
 
 SPEECH_PATH = "/v1/speech/stream"
+MAX_RESEND_S = 60.0  # audio kept for re-sending after a resume (only when the server resumes)
 Chunk = bytes | np.ndarray
 
 
@@ -55,7 +56,18 @@ class _Upload:
         self.sent = 0  # bytes sent so far (all connections together)
         self.acked = 0  # bytes the server is known to hold
         self.unacked: deque[tuple[int, bytes]] = deque()  # (offset, payload) kept for resends
+        self.kept = 0  # bytes held in unacked
+        self.max_kept = int(MAX_RESEND_S * self.bytes_per_second)
         self.done = False  # the source is exhausted and "end" was sent
+
+    def record(self, data: bytes, resumable: bool) -> None:
+        """Count a payload as sent; keep it for a resend only while a resume is possible."""
+        if resumable:
+            self.unacked.append((self.sent, data))
+            self.kept += len(data)
+            while self.kept > self.max_kept and len(self.unacked) > 1:  # bounded memory
+                self.kept -= len(self.unacked.popleft()[1])
+        self.sent += len(data)
 
     def ack_ms(self, audio_ms: float) -> None:
         """The server reported ``audio_ms`` processed: forget payloads wholly before it."""
@@ -63,10 +75,15 @@ class _Upload:
         upto -= upto % ENCODINGS[self.encoding]
         self.acked = max(self.acked, min(upto, self.sent))
         while self.unacked and self.unacked[0][0] + len(self.unacked[0][1]) <= self.acked:
-            self.unacked.popleft()
+            self.kept -= len(self.unacked.popleft()[1])
 
     def resend_from(self, offset: int) -> list[bytes]:
         """Payloads to send again after a resume at byte ``offset`` (partial first one cut)."""
+        if self.unacked and offset < self.unacked[0][0]:
+            raise ConnectionFailed(
+                f"cannot resume: the server lost audio from byte {offset}, older than the "
+                f"{MAX_RESEND_S:g} s kept for resends"
+            )
         out = []
         for start, data in self.unacked:
             end = start + len(data)
@@ -219,8 +236,7 @@ class AsyncSpeechClient(ClientBase):
             data = to_pcm_bytes(chunk, upload.encoding)
             if not data:
                 continue
-            upload.unacked.append((upload.sent, data))
-            upload.sent += len(data)
+            upload.record(data, resumable=bool(self.resume_token))
             await self._conn.send_bytes(data)
             if realtime:  # sleep until the wall clock catches up with the audio sent
                 ahead = t0 + upload.sent / upload.bytes_per_second - time.monotonic()
