@@ -39,7 +39,8 @@ def parse_stages(text: str) -> list[list[tuple[str, str]]]:
         key, _, args = line.partition(" ")
         if key.upper() == "FROM":
             stages.append([])
-        stages[-1].append((key.upper(), args.strip()))
+        if stages:  # (global ARGs before the first FROM only parameterise FROM lines)
+            stages[-1].append((key.upper(), args.strip()))
     return stages
 
 
