@@ -40,15 +40,15 @@ class MetricsLog:
             return []
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
 
-    def finish(self, title: str = "") -> None:
-        """Write metrics.csv and curves.png from everything logged so far."""
+    def finish(self, title: str = "", metrics: list[str] | None = None) -> None:
+        """Write metrics.csv and curves.png (held-out `metrics` on the right) from the log."""
         if not self.enabled:
             return
         records = self.read()
         if not records:
             return
         write_csv(records, self.dir / "metrics.csv")
-        plot_curves(records, self.dir / "curves.png", title)
+        plot_curves(records, self.dir / "curves.png", title, metrics)
 
 
 def write_csv(records: list[dict[str, Any]], path: Path) -> None:
@@ -60,8 +60,10 @@ def write_csv(records: list[dict[str, Any]], path: Path) -> None:
             writer.writerow(r)
 
 
-def plot_curves(records: list[dict[str, Any]], path: Path, title: str = "") -> None:
-    """Training loss (left) and every held-out metric (right) against the step."""
+def plot_curves(
+    records: list[dict[str, Any]], path: Path, title: str = "", metrics: list[str] | None = None
+) -> None:
+    """Training loss (left) and the held-out `metrics` (right; default: all but counts)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -80,13 +82,15 @@ def plot_curves(records: list[dict[str, Any]], path: Path, title: str = "") -> N
     ax_l.set_ylabel("loss")
     ax_l.legend()
     ax_l.grid(alpha=0.3)
-    keys = sorted({k for r in evals for k, v in r.items() if isinstance(v, float)} - {"loss"})
-    keys = [k for k in keys if k not in ("epoch", "elapsed_s", "step")]
+    if metrics is None:
+        found = {k for r in evals for k, v in r.items() if isinstance(v, float)}
+        metrics = sorted(found - {"loss", "epoch", "elapsed_s", "step", "clips", "tokens"})
+    keys = metrics
     for key in keys:
         pts = [(r["step"], r[key]) for r in evals if key in r]
         ax_r.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=key)
     ax_r.set_xlabel("step")
-    ax_r.set_ylabel("held-out metric")
+    ax_r.set_ylabel("held-out " + ", ".join(keys) if keys else "held-out metric")
     if keys:
         ax_r.legend()
     ax_r.grid(alpha=0.3)

@@ -69,6 +69,7 @@ def _copy(run: Path, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     for name in ("model.safetensors", "config.json"):
         shutil.copy2(run / "model" / name, dest / name)
+        (dest / name).chmod(0o644)
     for name in ("curves.png", "metrics.csv"):
         if (run / name).is_file():
             shutil.copy2(run / name, dest / name)
@@ -94,11 +95,24 @@ def _voices(summary: dict[str, Any]) -> str:
     if opts["variants"]:
         kw["variants"] = tuple(v.strip() for v in opts["variants"].split(",") if v.strip())
     cfg = SynthConfig(**kw)
-    n = {k: len(v) for k, v in split_voices(cfg).items()}
+    split = split_voices(cfg)
+    n = {k: len(v) for k, v in split.items()}
+    seen_accents = {v.accent for v in split["train"]}
+    seen_variants = {v.variant for v in split["train"]}
+    test_accents = {v.accent for v in split["test"]}
+    test_variants = {v.variant for v in split["test"]}
+    overlap = (
+        "every accent and every variant of a test voice also occurs in training, in other "
+        "combinations"
+        if test_accents <= seen_accents and test_variants <= seen_variants
+        else f"test accents not in training: {sorted(test_accents - seen_accents)}, test "
+        f"variants not in training: {sorted(test_variants - seen_variants)}"
+    )
     return (
         f"{len(cfg.accents)} English accents x {len(cfg.variants)} voice variants = "
         f"{sum(n.values())} voices, split by voice into {n['train']} train / {n['valid']} valid / "
-        f"{n['test']} test voices (no test voice is heard in training)"
+        f"{n['test']} test voices (no test voice, i.e. accent+variant pair, is heard in training; "
+        f"{overlap})"
     )
 
 
@@ -158,7 +172,9 @@ Held-out test accuracy {test["accuracy"]:.4f}: this {target} the 95 % target on 
 | **test voices (never heard in training), clean** | **{test["accuracy"]:.4f}** | {int(test["clips"])} |
 {noisy_line}
 Streaming check (`to_recurrent(model).chunk` fed {s64["chunk_samples"]}-sample = 100 ms chunks of
-{s64["clips"]} test clips, compared with the offline forward at every completed frame):
+{s64["clips"]} test clips, compared with the offline forward at every completed frame;
+`SpeechRecipe.stream_check` in `training/recipes/speech.py`). The offline reference is the float32
+FFT-mode forward, so the differences below are float32 rounding on either side:
 
 | state dtype | final prediction equal | per-frame prediction equal | max abs score difference |
 |---|---:|---:|---:|

@@ -316,7 +316,7 @@ class Trainer:
         }
         self.recipe.save_model(model, best_dir, summary)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-        MetricsLog(self.out).finish(f"{self.recipe.name}: {self.out.name}")
+        MetricsLog(self.out).finish(f"{self.recipe.name}: {self.out.name}", [self.recipe.primary])
         return summary
 
 
