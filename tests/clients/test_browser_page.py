@@ -3,7 +3,7 @@
 Chromium's fake microphone plays a WAV of a spoken command (espeak-ng) in a loop; the page
 captures it with getUserMedia + an AudioWorklet at the browser's own sample rate and streams
 16-bit PCM over `WS /v1/speech/stream`. With the shipped speech model (models/speech-commands)
-the page must show the spoken word; with only the tiny random test model it must show the
+the page must show the spoken word ("stop"); with only the tiny random test model it must show the
 label the server itself gives the same audio. A screenshot is saved under tests/artifacts/.
 
 Skipped only when Chromium or Playwright is not installed (scripts/setup.sh installs both).
@@ -48,12 +48,18 @@ def page_server(live_server, server_factory, models_dir, tmp_path_factory):
     return server_factory(root), SHIPPED.name
 
 
+WORD = "stop"  # not the first label, so a page stuck on labels[0] cannot pass
+
+
 @pytest.fixture(scope="module")
-def looped_wav(word_wav: Path, tmp_path_factory) -> Path:
-    """The word clip repeated 3 times (what the fake microphone plays over and over)."""
-    x, rate = sf.read(word_wav, dtype="int16")
-    path = tmp_path_factory.mktemp("fake-mic") / "yes-looped.wav"
-    sf.write(path, np.tile(x, 3), rate, subtype="PCM_16")
+def looped_wav(tmp_path_factory) -> Path:
+    """The spoken word (espeak-ng, 16 kHz, centred in 1 s) three times: what the fake
+    microphone plays over and over."""
+    from training.data.speech_synth import synthesize_clip
+
+    x = synthesize_clip(WORD, "en-us", 160, 50)  # (16000,) float32
+    path = tmp_path_factory.mktemp("fake-mic") / f"{WORD}-looped.wav"
+    sf.write(path, np.tile(x, 3), 16000, subtype="PCM_16")
     return path
 
 
@@ -88,7 +94,7 @@ def test_page_classifies_microphone_and_streams_text(browser, page_server, loope
     server, model = page_server
     expected, labels = server_label(server.url, model, looped_wav)
     if model == "speech-commands":
-        assert expected == "yes", "the shipped model misclassifies the test word"
+        assert expected == WORD, "the shipped model misclassifies the test word"
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     console: list[str] = []
     page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
