@@ -35,6 +35,7 @@ State = dict[str, torch.Tensor]
 
 REAL_OF = {torch.complex64: torch.float32, torch.complex128: torch.float64}
 TOEPLITZ_MAX = 64  # blocks up to this length convolve by a Toeplitz matmul, longer ones by FFT
+FOLD_BYTES = 8 << 20  # fold C into the cached powers while that matrix stays under 8 MiB
 
 
 class RecurrentModel(nn.Module):
@@ -70,6 +71,7 @@ class RecurrentModel(nn.Module):
         self.register_buffer("B", torch.stack([_hn(p.B, h, n) for p in params]).to(dtype))
         self.register_buffer("C", torch.stack([_hn(p.C, h, n) for p in params]).to(dtype))
         self.register_buffer("D", torch.stack([p.D.detach() for p in params]).to(self.rdtype))
+        self.b_is_one = [bool((p.B == 1).all()) for p in params]  # DLR: B = 1, skip the product
         self._consts: OrderedDict[tuple, dict[str, torch.Tensor]] = OrderedDict()
         self.requires_grad_(False)
 
@@ -217,13 +219,13 @@ class RecurrentModel(nn.Module):
         """Positions h (B, T, H) through all layers and the head."""
         if h.shape[1] == 0:
             return h.new_zeros(h.shape[0], 0, self.config.out_dim), state
-        xs = []
+        ssm_in = state["ssm"]
+        ssm_out = torch.empty_like(ssm_in)  # each layer writes its final state in place
         for i, pw in enumerate(self.blocks):
             u = pw.pre(h)  # (B, T, H)
-            s, x = self._ssm_chunk(i, u, state["ssm"][:, i])
+            s, _ = self._ssm_chunk(i, u, ssm_in[:, i], out=ssm_out[:, i])
             h = pw.post(h, s)
-            xs.append(x)
-        state["ssm"] = torch.stack(xs, dim=1)
+        state["ssm"] = ssm_out
         f = self.head.features(h)  # (B, T, H)
         if self.config.decoder == "classifier":
             sums = state["mean_sum"].unsqueeze(1) + torch.cumsum(f.double(), dim=1)  # (B, T, H)
@@ -234,17 +236,24 @@ class RecurrentModel(nn.Module):
         return self.head.proj(f), state
 
     def _ssm_chunk(
-        self, i: int, u: torch.Tensor, x0: torch.Tensor
+        self, i: int, u: torch.Tensor, x0: torch.Tensor, out: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer i over a block: u (B, T, H), x0 (B, H, N) -> (y (B, T, H), x_end (B, H, N))."""
+        """Layer i over a block: u (B, T, H), x0 (B, H, N) -> (y (B, T, H), x_end (B, H, N)).
+
+        x_end is written into `out` when given (it must not alias x0).
+        """
         ys = []
-        for start in range(0, u.shape[1], self.max_block):
-            y, x0 = self._ssm_block(i, u[:, start : start + self.max_block], x0)
+        starts = range(0, u.shape[1], self.max_block)
+        for k, start in enumerate(starts):
+            last = k == len(starts) - 1
+            y, x0 = self._ssm_block(
+                i, u[:, start : start + self.max_block], x0, out if last else None
+            )
             ys.append(y)
-        return torch.cat(ys, dim=1), x0
+        return (ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)), x0
 
     def _ssm_block(
-        self, i: int, u: torch.Tensor, x0: torch.Tensor
+        self, i: int, u: torch.Tensor, x0: torch.Tensor, out: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         bsz, t, h = u.shape
         n = self.config.d_state
@@ -254,41 +263,59 @@ class RecurrentModel(nn.Module):
             conv = torch.einsum("bhs,hts->bht", ut, c["toeplitz"])  # (B, H, T)
         else:
             conv = torch.fft.irfft(torch.fft.rfft(ut, n=2 * t) * c["kf"], n=2 * t)[..., :t]
-        z = x0 * self.C[i]  # (B, H, N)
-        zz = torch.cat([z.real, -z.imag], dim=-1)  # (B, H, 2N): Re(z v) = z.re v.re - z.im v.im
-        if self.shared[i]:
-            free = (zz.reshape(bsz * h, 2 * n) @ c["vout"]).reshape(bsz, h, t)  # (B, H, T)
-            acc = (ut.reshape(bsz * h, t) @ c["vin"]).reshape(bsz, h, 2 * n)  # (B, H, 2N)
-        else:
-            free = torch.einsum("bhk,hkt->bht", zz, c["vout"])
-            acc = torch.einsum("bht,htk->bhk", ut, c["vin"])
+        # Re(sum_n C lam^(t+1) x0) as one real contraction over interleaved (re, im) pairs
+        x0r = torch.view_as_real(x0).reshape(bsz, h, 2 * n)  # (B, H, 2N), a view
+        if "wfree" in c:  # C folded into the powers: (H, 2N, T)
+            free = torch.einsum("bhk,hkt->bht", x0r, c["wfree"])
+        else:  # large blocks: multiply by C first, keep the powers shared
+            z = torch.view_as_real(x0 * self.C[i]).reshape(bsz, h, 2 * n)
+            free = torch.einsum("bhk,hkt->bht", z, c["vout"]) if c["vout"].dim() == 3 else (
+                (z.reshape(bsz * h, 2 * n) @ c["vout"]).reshape(bsz, h, t)
+            )  # fmt: skip
         y = conv + free + self.D[i].unsqueeze(-1) * ut  # (B, H, T)
-        acc_c = torch.complex(acc[..., :n], acc[..., n:])  # sum_s lam^(T-1-s) u_s  (B, H, N)
-        x_end = c["lam_t"] * x0 + self.B[i] * acc_c
+        if c["vin"].dim() == 2:  # shared lambda: one (T, 2N) matrix for every feature
+            acc = (ut.reshape(bsz * h, t) @ c["vin"]).reshape(bsz, h, n, 2)
+        else:
+            acc = torch.einsum("bht,htk->bhk", ut, c["vin"]).reshape(bsz, h, n, 2)
+        acc_c = torch.view_as_complex(acc.contiguous())  # sum_s lam^(T-1-s) u_s  (B, H, N)
+        if not self.b_is_one[i]:
+            acc_c = self.B[i] * acc_c
+        x_end = torch.addcmul(acc_c, c["lam_t"], x0, out=out)  # lam^T x0 + acc, one pass
         return y.transpose(1, 2), x_end
 
     def _block_consts(self, i: int, t: int) -> dict[str, torch.Tensor]:
-        """Input-independent tensors for layer i and block length t (cached, LRU)."""
+        """Input-independent tensors for layer i and block length t (cached, LRU).
+
+        Real matrices hold complex numbers as interleaved (re, im) pairs, matching
+        `view_as_real` of the state, so no op splits or joins real and imaginary parts.
+        """
         key = (i, t, self.device, self.cdtype)
         hit = self._consts.get(key)
         if hit is not None:
             self._consts.move_to_end(key)
             return hit
-        log_lam = self.log_lam[i][:1] if self.shared[i] else self.log_lam[i]  # (Hs, N)
+        h, n = self.config.d_model, self.config.d_state
+        shared = self.shared[i]
+        log_lam = self.log_lam[i][:1] if shared else self.log_lam[i]  # (Hs, N)
         v = powers(log_lam, torch.arange(t + 1, device=self.device))  # (Hs, N, T+1) complex128
         vout = v[..., 1:]  # lam^(t+1), t < T
         vin = v[..., :t].flip(-1)  # lam^(T-1-s), s < T
         rd = self.rdtype
-        vout_r = torch.cat([vout.real, vout.imag], dim=-2).to(rd)  # (Hs, 2N, T)
-        vin_r = torch.cat([vin.real, vin.imag], dim=-2).transpose(-1, -2).to(rd)  # (Hs, T, 2N)
-        cb = self.C[i].to(torch.complex128) * self.B[i].to(torch.complex128)  # (H, N)
+        vin_r = torch.view_as_real(vin.transpose(-1, -2).contiguous()).reshape(-1, t, 2 * n)
+        c128 = self.C[i].to(torch.complex128)  # (H, N)
+        cb = c128 * self.B[i].to(torch.complex128)  # (H, N)
         vk = v[..., :t]
-        kern = (cb @ vk[0]).real if self.shared[i] else (cb.unsqueeze(-1) * vk).sum(-2).real
+        kern = (cb @ vk[0]).real if shared else (cb.unsqueeze(-1) * vk).sum(-2).real  # (H, T)
         consts = {
-            "vout": vout_r[0] if self.shared[i] else vout_r,
-            "vin": vin_r[0] if self.shared[i] else vin_r,
-            "lam_t": torch.exp(self.log_lam[i] * t).to(self.cdtype),  # (H, N)
+            "vin": (vin_r[0] if shared else vin_r).to(rd),  # (T, 2N) or (H, T, 2N)
+            "lam_t": v[..., t].expand(h, n).to(self.cdtype),  # lam^T (H, N)
         }
+        if h * 2 * n * t * torch.finfo(rd).bits // 8 <= FOLD_BYTES:
+            w = c128.unsqueeze(-1) * vout  # (H, N, T)
+            consts["wfree"] = torch.stack([w.real, -w.imag], dim=2).reshape(h, 2 * n, t).to(rd)
+        else:
+            vo = torch.stack([vout.real, -vout.imag], dim=-2).reshape(-1, 2 * n, t).to(rd)
+            consts["vout"] = vo[0] if shared else vo  # (2N, T) or (H, 2N, T)
         if t <= TOEPLITZ_MAX:
             idx = torch.arange(t, device=self.device)
             lag = idx.view(-1, 1) - idx.view(1, -1)  # (T, T): t - s
