@@ -9,11 +9,14 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.staticfiles import StaticFiles
+from starlette.middleware.cors import CORSMiddleware
 
+from .drain import restore_dir
 from .errors import validation_handler
 from .metrics import Metrics
 from .registry import load_models
-from .routes import generate, info, speech, text_stream
+from .routes import generate, info, sessions, speech, text_stream
+from .security import Security
 from .settings import Settings
 from .state import ServerState
 
@@ -30,8 +33,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         st.models = load_models(settings, st.metrics)
         for m in st.models.values():
             m.scheduler.start()
+        restored = await restore_dir(st)
         st.ready = True
-        log.info("serving %d model(s): %s", len(st.models), ", ".join(st.models) or "none")
+        log.info(
+            "serving %d model(s): %s; %d session(s) restored",
+            len(st.models),
+            ", ".join(st.models) or "none",
+            restored,
+        )
         try:
             yield
         finally:
@@ -42,8 +51,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="dlr-serve", version="0.1.0", lifespan=lifespan)
     app.state.dlr = st
     app.add_exception_handler(RequestValidationError, validation_handler)
-    for module in (info, generate, speech, text_stream):
+    for module in (info, generate, speech, text_stream, sessions):
         app.include_router(module.router)
     if STATIC_DIR.is_dir():
         app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static")
+    origins = settings.origin_list()
+    if origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type", "X-Resume-Token"],
+            expose_headers=["Retry-After", "X-Session-Kind", "X-Model"],
+        )
+    app.add_middleware(Security, settings=settings)
     return app

@@ -12,6 +12,7 @@ from typing import get_args
 import uvicorn
 
 from .app import create_app
+from .drain import DrainingServer
 from .settings import Settings
 
 
@@ -38,15 +39,26 @@ def main(argv: list[str] | None = None) -> None:
     overrides = {k: v for k, v in vars(args).items() if v is not None}
     settings = Settings(**overrides)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    uvicorn.run(
-        create_app(settings),
+    app = create_app(settings)
+    config = uvicorn_config(app, settings)
+    DrainingServer(config, app.state.dlr).run()
+
+
+def uvicorn_config(app, settings: Settings, **kw) -> uvicorn.Config:
+    """uvicorn settings of the server: frame size, keepalive pings, limits."""
+    base = dict(
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
         ws_max_size=4 * settings.max_frame_bytes,
-        ws_ping_interval=20.0,
-        ws_ping_timeout=60.0,
+        ws_max_queue=8,  # frames buffered per socket while a session is held back
+        ws_ping_interval=settings.ws_ping_interval_s,
+        ws_ping_timeout=settings.ws_ping_timeout_s,
+        timeout_graceful_shutdown=settings.drain_timeout_s + 5,
+        lifespan="on",
     )
+    base.update(kw)
+    return uvicorn.Config(app, **base)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,9 @@ WS_CLOSE = {
     "internal_error": 1011,
     "overloaded": 1013,
     "queue_full": 1013,
+    "invalid_resume": 1008,
+    "unauthorized": 1008,
+    "going_away": 1001,
 }
 
 

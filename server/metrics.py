@@ -80,5 +80,25 @@ class Metrics:
             "dlr_batch_failures_total", "Batches that raised", ["model"], registry=r
         )
 
+        self.speech_lag = Histogram(
+            "dlr_speech_lag_seconds",
+            "Audio received but not yet processed, per speech session, after each batch",
+            ["model"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+            registry=r,
+        )
+        self.resumes = Counter(
+            "dlr_session_resumes_total", "Sessions resumed", ["kind", "how"], registry=r
+        )
+        self.detached = Gauge(
+            "dlr_detached_sessions", "Sessions kept for resume without a connection", registry=r
+        )
+        self.persisted = Counter(
+            "dlr_sessions_persisted_total",
+            "Session states written or restored",
+            ["event"],
+            registry=r,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -7,6 +7,7 @@ checkpoint never stops the server. An empty or missing directory serves no model
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from dataclasses import dataclass
@@ -29,6 +30,14 @@ MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 def valid_model_name(name: str) -> bool:
     return bool(MODEL_NAME_RE.match(name)) and ".." not in name
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def resolve_device(device: str) -> torch.device:
@@ -91,13 +100,20 @@ def load_models(settings: Settings, metrics: Metrics) -> dict[str, ModelEntry]:
             continue
         if not (path / "config.json").is_file():
             continue
+        if not path.resolve().is_relative_to(root.resolve()):
+            log.warning("skipping %s: it links outside the models directory", path)
+            continue
         try:
             rec = load_recurrent(path, dtype=dtype, device=device)
             backend = make_backend(rec, settings.backend)
             engine = Engine(
-                backend, path.name, settings.max_sessions, metadata=rec.checkpoint_metadata
+                backend,
+                path.name,
+                settings.max_sessions,
+                metadata=rec.checkpoint_metadata,
+                weights_hash=file_sha256(path / "model.safetensors"),
             )
-        except (CheckpointError, ValueError, RuntimeError, ImportError) as e:
+        except (CheckpointError, ValueError, RuntimeError, ImportError, OSError) as e:
             log.error("skipping model %s: %s", path, e)
             continue
         sched = Scheduler(

@@ -89,10 +89,12 @@ class SpeechStream:
     chunks: list[torch.Tensor] = field(default_factory=list)  # waiting samples (model rate)
     buffered: int = 0  # samples waiting
     consumed: int = 0  # samples fed to the model
+    received: int = 0  # samples pushed (consumed + buffered + in the running batch)
     ended: bool = False
     final: asyncio.Future | None = None
     latest: torch.Tensor | None = None  # (C,) scores after the last completed frame
-    progress: asyncio.Event = field(default_factory=asyncio.Event)
+    progress: asyncio.Event = field(default_factory=asyncio.Event)  # for the partials sender
+    fed: asyncio.Event = field(default_factory=asyncio.Event)  # for backpressure waits
     error: BaseException | None = None
     seq: int = field(default_factory=lambda: next(_ids))
 
@@ -163,6 +165,7 @@ class Scheduler:
         self._closed = False
         self.batches_run = 0
         self.fail_next_batch: BaseException | None = None  # test hook: raise in the next batch
+        self.paused = False  # test hook: form no batches while True (work queues up)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -242,6 +245,7 @@ class Scheduler:
         if samples.numel():
             s.chunks.append(samples.to(torch.float32).reshape(-1))
             s.buffered += samples.numel()
+            s.received += samples.numel()
             if s.buffered >= s.stride:
                 self._kick()
 
@@ -260,6 +264,31 @@ class Scheduler:
 
     def drop_stream(self, s: SpeechStream) -> None:
         self._streams.pop(s.seq, None)
+
+    def streams(self) -> list[SpeechStream]:
+        return list(self._streams.values())
+
+    def queued_audio_s(self) -> float:
+        """Audio waiting in every stream of this model (seconds at the model rate)."""
+        rate = self.engine.config.sample_rate or 1
+        return sum(s.buffered for s in self._streams.values()) / rate
+
+    def queued_requests(self) -> int:
+        return len(self._prefills) + len(self._starting)
+
+    def idle(self) -> bool:
+        """No generation running and no stream with whole frames (or an end) waiting."""
+        return not self._has_work()
+
+    async def snapshot(self, slot: int, extra_fn) -> bytes:
+        """Snapshot a slot between batches. `extra_fn()` runs on the event loop right before
+        the snapshot is queued on the engine thread (no await in between), so it sees exactly
+        the bookkeeping that matches the state: every batch already formed runs first."""
+        extra = extra_fn()
+        fut = asyncio.get_running_loop().run_in_executor(
+            self._executor, self.engine.snapshot, slot, extra
+        )
+        return await fut
 
     # ------------------------------------------------------------------ the loop
     def queue_depth(self) -> int:
@@ -336,6 +365,9 @@ class Scheduler:
             if not self._has_work():
                 self._wake.clear()
                 await self._wake.wait()
+                continue
+            if self.paused:
+                await asyncio.sleep(0.005)
                 continue
             if not self._running and self.max_batch_wait_s > 0:
                 await asyncio.sleep(self.max_batch_wait_s)
@@ -445,11 +477,14 @@ class Scheduler:
             g.session.last_logits = row
             g.next_token = None
             self._on_token(g, tok)
+        rate = self.engine.config.sample_rate or 1
         for (s, x), (y, final) in zip(b.audio, out["audio"], strict=True):
             s.consumed += x.numel()
             if y.shape[0]:
                 s.latest = y[-1]
             s.progress.set()
+            s.fed.set()
+            self.metrics.speech_lag.labels(self.name).observe((s.received - s.consumed) / rate)
             if final is not None and s.final is not None and not s.final.done():
                 s.latest = final
                 s.final.set_result(final)
@@ -512,6 +547,7 @@ class Scheduler:
         for s, _ in b.audio:
             s.error = err
             s.progress.set()
+            s.fed.set()
             if s.final is not None and not s.final.done():
                 s.final.set_exception(err)
 

@@ -56,3 +56,61 @@ class Settings(BaseSettings):
     )
     retry_after_s: int = Field(1, ge=0, description="Retry-After sent with 429 responses")
     log_level: str = Field("info", description="logging level")
+    # ---- sessions that survive disconnects and restarts
+    resume_grace_s: float = Field(
+        60.0, ge=0, description="keep a dropped WebSocket session this long for resume (0 = off)"
+    )
+    resume_buffer_messages: int = Field(
+        1100, ge=1, description="server messages kept per session for replay after a resume"
+    )
+    state_dir: Path | None = Field(
+        None, description="directory where live sessions are persisted on SIGTERM (unset = off)"
+    )
+    drain_timeout_s: float = Field(
+        10.0, ge=0, description="on SIGTERM, wait this long for in-flight work before persisting"
+    )
+    max_state_bytes: int = Field(
+        16 << 20, ge=1024, description="largest session state blob accepted by POST /v1/sessions"
+    )
+    # ---- admission and backpressure
+    backpressure_audio_s: float = Field(
+        5.0, gt=0, description="queued audio at which a speech session stops reading its socket"
+    )
+    backpressure_timeout_s: float = Field(
+        10.0, gt=0, description="a session held back this long is closed with 1013"
+    )
+    max_total_queued_audio_s: float = Field(
+        600.0,
+        gt=0,
+        description="audio waiting across all sessions beyond which new work is refused",
+    )
+    max_queued_requests: int = Field(
+        1024, ge=1, description="prefills waiting per model beyond which new work is refused"
+    )
+    # ---- keepalive
+    ws_ping_interval_s: float = Field(20.0, gt=0, description="WebSocket ping interval")
+    ws_ping_timeout_s: float = Field(
+        30.0, gt=0, description="close a WebSocket whose pong is this late"
+    )
+    # ---- security
+    api_keys: str = Field(
+        "",
+        description="comma-separated bearer tokens; when set every endpoint but /healthz, "
+        "/readyz and /metrics needs one",
+    )
+    cors_origins: str = Field(
+        "",
+        description="comma-separated origins allowed cross-origin (HTTP CORS and WebSocket "
+        "Origin); '*' = any; same-origin always works",
+    )
+    max_request_bytes: int = Field(
+        1 << 20,
+        ge=1024,
+        description="largest HTTP request body (POST /v1/sessions: max_state_bytes)",
+    )
+
+    def key_list(self) -> list[str]:
+        return [k.strip() for k in self.api_keys.split(",") if k.strip()]
+
+    def origin_list(self) -> list[str]:
+        return [o.strip().rstrip("/") for o in self.cors_origins.split(",") if o.strip()]

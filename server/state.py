@@ -14,6 +14,7 @@ from starlette.requests import HTTPConnection
 
 from .metrics import Metrics
 from .registry import ModelEntry
+from .sessions import SessionStore
 from .settings import Settings
 
 session_log = logging.getLogger("dlr.session")
@@ -30,6 +31,11 @@ class ServerState:
     models: dict[str, ModelEntry] = field(default_factory=dict)
     sessions: int = 0  # open sessions of every kind
     ready: bool = False
+    draining: bool = False  # SIGTERM received: no new sessions, live ones are persisted
+    store: SessionStore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.store = SessionStore(self)
 
     def pick_model(self, name: str | None, kind: str) -> ModelEntry:
         """The named model (checked to be of `kind`), or the first model of that kind."""
@@ -48,8 +54,25 @@ class ServerState:
     def full(self) -> bool:
         return self.sessions >= self.settings.max_sessions
 
-    def session_started(self, model: ModelEntry, kind: str) -> tuple[str, float]:
-        sid = uuid.uuid4().hex
+    def overloaded(self) -> str:
+        """Why new work is refused now ('' when it is not): too much queued work."""
+        s = self.settings
+        audio = sum(m.scheduler.queued_audio_s() for m in self.models.values())
+        if audio > s.max_total_queued_audio_s:
+            return (
+                f"{audio:.1f} s of audio is waiting server-wide "
+                f"(max_total_queued_audio_s={s.max_total_queued_audio_s:g})"
+            )
+        for m in self.models.values():
+            n = m.scheduler.queued_requests()
+            if n >= s.max_queued_requests:
+                return f"{n} requests are waiting for model {m.name!r} (max_queued_requests)"
+        return ""
+
+    def session_started(
+        self, model: ModelEntry, kind: str, sid: str | None = None
+    ) -> tuple[str, float]:
+        sid = sid or uuid.uuid4().hex
         self.sessions += 1
         self.metrics.active_sessions.labels(model.name, kind).inc()
         session_log.info(

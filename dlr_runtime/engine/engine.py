@@ -53,6 +53,7 @@ class Engine:
         max_sessions: int,
         prefill_block: int = 256,
         metadata: dict | None = None,
+        weights_hash: str = "",
     ) -> None:
         self.backend = backend
         self.name = name
@@ -65,7 +66,8 @@ class Engine:
             self.tokenizer = ByteTokenizer.from_metadata(metadata, self.config.vocab_size)
         self._fill = [0] * max_sessions  # host copy of each slot's samples pending in a frame
         like = {k: v[0] for k, v in self.pool.state.items()}
-        self.config_hash = snap.config_hash(self.config, self.pool.state)
+        # ties snapshots to this architecture, state layout and (when given) these weights
+        self.config_hash = snap.config_hash(self.config, self.pool.state, weights_hash)
         self._row_like = like
 
     # ------------------------------------------------------------------ sessions
@@ -197,8 +199,22 @@ class Engine:
         """Load a snapshot into an allocated slot; returns its `extra`. Raises SnapshotError."""
         self.pool.check(slot)
         row, extra = snap.unpack(blob, self.name, self.config_hash, self._row_like)
+        self._check_row(row)
         idx = self.pool.index([slot])
         self.pool.scatter(idx, {k: v.unsqueeze(0).to(self.device) for k, v in row.items()})
         if "frame_fill" in row:
             self._fill[slot] = int(row["frame_fill"])
         return extra
+
+    def _check_row(self, row: dict[str, torch.Tensor]) -> None:
+        """A blob can be well-formed yet hold values no run produces; refuse those, since a
+        bad row would fail every batch it joins."""
+        for name, t in row.items():
+            if (t.is_floating_point() or t.is_complex()) and not torch.isfinite(t).all():
+                raise snap.SnapshotError(f"state snapshot tensor {name!r} has non-finite values")
+        if "frame_fill" in row:
+            fill = int(row["frame_fill"])
+            if not 0 <= fill < self.config.frame_stride:
+                raise snap.SnapshotError(f"state snapshot frame_fill {fill} is out of range")
+        if "mean_count" in row and float(row["mean_count"]) < 0:
+            raise snap.SnapshotError("state snapshot mean_count is negative")

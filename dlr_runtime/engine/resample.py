@@ -10,6 +10,8 @@ whole stream (up to float rounding).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 from functools import lru_cache
 
@@ -74,6 +76,34 @@ class StreamResampler:
         self._buf = self._buf[(keep_from - self._buf_block) * self.o :]
         self._buf_block = keep_from
         return out
+
+    def state_dict(self) -> dict:
+        """The stream position and carried input (JSON-serialisable), for snapshots."""
+        buf = self._buf.to(torch.float32).contiguous().numpy().tobytes()
+        return {
+            "orig": self.orig,
+            "new": self.new,
+            "buf": base64.b64encode(buf).decode(),
+            "buf_block": self._buf_block,
+            "next_block": self._next_block,
+            "received": self.received,
+        }
+
+    @classmethod
+    def from_state(cls, d: dict) -> StreamResampler:
+        """A resampler continuing exactly where `state_dict()` left off (ValueError if bad)."""
+        try:
+            r = cls(int(d["orig"]), int(d["new"]))
+            raw = base64.b64decode(d["buf"], validate=True)
+            if len(raw) % 4:
+                raise ValueError("carried input is not float32")
+            if raw:
+                r._buf = torch.frombuffer(bytearray(raw), dtype=torch.float32).clone()
+            r._buf_block, r._next_block = int(d["buf_block"]), int(d["next_block"])
+            r.received = int(d["received"])
+        except (KeyError, TypeError, binascii.Error) as e:
+            raise ValueError(f"bad resampler state: {e}") from e
+        return r
 
     def flush(self) -> torch.Tensor:
         """End of stream: the remaining output, with zeros after the last input sample."""

@@ -46,10 +46,11 @@ class SnapshotError(ValueError):
     """A state blob is malformed, tampered with, or belongs to another model."""
 
 
-def config_hash(config: Any, state: dict[str, torch.Tensor]) -> str:
-    """Hash of the model config plus each state tensor's dtype and per-row shape."""
+def config_hash(config: Any, state: dict[str, torch.Tensor], weights_hash: str = "") -> str:
+    """Hash of the model config plus each state tensor's dtype and per-row shape (plus a
+    digest of the weights, when the caller has one)."""
     layout = {k: [str(v.dtype), list(v.shape[1:])] for k, v in sorted(state.items())}
-    text = config.to_json() + json.dumps(layout, sort_keys=True)
+    text = config.to_json() + json.dumps(layout, sort_keys=True) + weights_hash
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -49,6 +49,23 @@ def _check(
         m = st.pick_model(model, "lm")
     except NoModelError as e:
         return api_error(404, str(e), "model_not_found", "model")
+    if st.draining:
+        st.metrics.rejections.labels("draining").inc()
+        return api_error(
+            503,
+            "the server is shutting down; retry on another replica",
+            "draining",
+            headers={"Retry-After": str(st.settings.retry_after_s)},
+        )
+    why = st.overloaded()
+    if why:
+        st.metrics.rejections.labels("queue_full").inc()
+        return api_error(
+            429,
+            f"{why}; retry later",
+            "overloaded",
+            headers={"Retry-After": str(st.settings.retry_after_s)},
+        )
     if st.full() or m.engine.pool.available == 0:
         st.metrics.rejections.labels("sessions_full").inc()
         return api_error(

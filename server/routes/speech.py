@@ -1,31 +1,45 @@
 """`WS /v1/speech/stream`: streaming speech-command classification.
 
 Protocol: client `{"type":"start","sample_rate","encoding","model","interim_results"}` ->
-server `{"type":"ready","session_id","model","labels"}`; then binary frames of mono PCM
-(pcm_s16le or pcm_f32le) at the client's rate, resampled statefully to the model's rate; the
-server sends `{"type":"partial","audio_ms","label","score","top"}` at most every
-`partial_interval_ms`; client `{"type":"end"}` -> `{"type":"final",...}` (same fields). Another
-`start` may follow on the same connection. Errors: `{"type":"error","code","message"}` + close.
+server `{"type":"ready","session_id","resume_token","model","labels","sample_rate"}`; then
+binary frames of mono PCM (pcm_s16le or pcm_f32le) at the client's rate, resampled statefully
+to the model's rate; the server sends `{"type":"partial","audio_ms","lag_ms","label","score",
+"top","seq"}` at most every `partial_interval_ms` (`lag_ms`: audio received but not yet
+processed); client `{"type":"end"}` -> `{"type":"final",...}` (same fields). Another `start`
+may follow on the same connection. Errors: `{"type":"error","code","message"}` + close.
+
+Resume (see server/sessions.py): after a dropped connection, `{"type":"resume","session_id",
+"resume_token","last_seq"?}` on a new connection -> `ready` with `"resumed": true`,
+`bytes_received` (audio bytes the server accepted: re-send from there), `audio_ms` (processed)
+and `ended`; audio accepted before the drop is processed while detached, missed partials are
+re-sent from the outbox (up to `resume_buffer_messages`) and the final always covers all of it.
+
+Backpressure: when more than `backpressure_audio_s` of audio waits, the server stops reading
+the socket until it falls below (TCP slows the client); after `backpressure_timeout_s`, or
+beyond `max_queued_audio_s`, the session is closed with `queue_full` (1013).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import time
+from typing import Any
 
 import numpy as np
 import torch
 from fastapi import APIRouter, WebSocket
 from pydantic import TypeAdapter, ValidationError
 
-from dlr_runtime.engine import PoolFullError, StreamResampler
+from dlr_runtime.engine import SnapshotError, StreamResampler
 
 from ..errors import validation_message
 from ..protocol import SpeechMessage, SpeechStart
 from ..registry import ModelEntry
 from ..scheduler import SpeechStream
-from ..state import NoModelError, get_state
+from ..sessions import LiveSession, connection_over, open_slot, register, resume
+from ..state import ServerState, get_state
 from .wsutil import Closed, Conn
 
 router = APIRouter()
@@ -57,31 +71,93 @@ def decode_pcm(data: bytes, encoding: str) -> np.ndarray:
     return x
 
 
-class SpeechSession:
+def _b64(x: torch.Tensor) -> str:
+    return base64.b64encode(x.to(torch.float32).contiguous().numpy().tobytes()).decode()
+
+
+def _unb64(s: str, limit: int) -> torch.Tensor:
+    raw = base64.b64decode(s, validate=True)
+    if len(raw) % 4 or len(raw) // 4 > limit:
+        raise ValueError("bad sample buffer")
+    if not raw:
+        return torch.zeros(0)
+    x = torch.frombuffer(bytearray(raw), dtype=torch.float32).clone()
+    if not torch.isfinite(x).all():
+        raise ValueError("buffered samples must be finite")
+    return x
+
+
+class SpeechSession(LiveSession):
+    kind = "speech"
+
     def __init__(
         self,
-        conn: Conn,
+        st: ServerState,
         m: ModelEntry,
         start: SpeechStart,
         stream: SpeechStream,
-        sid: str,
-        t0: float,
+        resampler: StreamResampler | None = None,
+        bytes_received: int = 0,
+        **kw: Any,
     ) -> None:
-        self.conn, self.m, self.start, self.stream = conn, m, start, stream
-        self.sid, self.t0 = sid, t0
+        super().__init__(st, m, **kw)
+        self.start, self.stream = start, stream
         cfg = m.engine.config
         self.rate = cfg.sample_rate
         self.labels = list(cfg.labels)
-        self.resampler = StreamResampler(start.sample_rate, self.rate)
+        self.resampler = resampler or StreamResampler(start.sample_rate, self.rate)
+        self.bytes_received = bytes_received
+        self.ended = False  # the client's end arrived
         self.sender: asyncio.Task | None = None
+        self.finisher: asyncio.Task | None = None
         if start.interim_results:
             self.sender = asyncio.get_running_loop().create_task(self._partials())
 
     def audio_ms(self) -> float:
         return self.stream.consumed / self.rate * 1000
 
+    def lag_ms(self) -> float:
+        return (self.stream.received - self.stream.consumed) / self.rate * 1000
+
+    def message(self, kind: str, scores: torch.Tensor | None) -> dict:
+        msg = result(kind, self.labels, scores, self.audio_ms())
+        msg["lag_ms"] = round(self.lag_ms(), 1)
+        return msg
+
+    def ready(self) -> dict:
+        return {
+            "type": "ready",
+            "session_id": self.sid,
+            "resume_token": self.token,
+            "model": self.m.name,
+            "labels": self.labels,
+            "sample_rate": self.rate,
+        }
+
+    def resume_info(self) -> dict:
+        return {
+            "labels": self.labels,
+            "sample_rate": self.rate,
+            "bytes_received": self.bytes_received,
+            "audio_ms": round(self.audio_ms(), 1),
+            "ended": self.ended,
+        }
+
+    def log_extra(self) -> dict:
+        return {"audio_ms": round(self.audio_ms(), 1)}
+
+    async def _fail(self, conn: Conn | None, code: str, message: str) -> Closed:
+        """Error to the client (if connected), then close the session for good."""
+        err = Closed(code)
+        if conn is not None:
+            err = await conn.fail(code, message)
+        else:
+            self.st.metrics.evictions.labels(self.m.name, code).inc()
+        await self.st.store.finish(self, code)
+        return err
+
     async def _partials(self) -> None:
-        interval = self.conn.st.settings.partial_interval_ms / 1000
+        interval = self.st.settings.partial_interval_ms / 1000
         last = 0.0
         s = self.stream
         while True:
@@ -91,10 +167,11 @@ class SpeechSession:
                 await asyncio.sleep(wait)
             s.progress.clear()
             if s.error is not None:  # its batch failed: tell the client now
-                await self.conn.fail("internal_error", str(s.error))
+                self.sender = None  # (finish must not cancel this task)
+                await self._fail(self.conn, "internal_error", str(s.error))
                 return
-            if s.latest is not None:
-                await self.conn.send(result("partial", self.labels, s.latest, self.audio_ms()))
+            if s.latest is not None and not self.ended:
+                await self.emit(self.message("partial", s.latest))
                 last = time.perf_counter()
 
     async def stop_partials(self) -> None:
@@ -104,46 +181,118 @@ class SpeechSession:
                 await self.sender
             self.sender = None
 
-    async def audio(self, data: bytes) -> None:
+    async def audio(self, conn: Conn, data: bytes) -> None:
+        if self.conn is not conn or self.closed:  # resumed on another connection meanwhile
+            raise Closed("taken_over")
+        if self.ended:
+            raise await self._fail(conn, "invalid_message", "audio after end")
         try:
             x = decode_pcm(data, self.start.encoding)
         except ValueError as e:
-            raise await self.conn.fail("invalid_audio", str(e)) from None
+            raise await self._fail(conn, "invalid_audio", str(e)) from None
         y = self.resampler.push(torch.from_numpy(x))  # (L',) at the model rate
         self.m.scheduler.push_audio(self.stream, y)
-        queued_s = self.stream.buffered / self.rate
-        limit = self.conn.st.settings.max_queued_audio_s
-        if queued_s > limit:
-            raise await self.conn.fail(
+        self.bytes_received += len(data)
+        settings = self.st.settings
+        s = self.stream
+        if s.buffered / self.rate > settings.max_queued_audio_s:
+            raise await self._fail(
+                conn,
                 "queue_full",
-                f"{queued_s:.1f} s of audio waiting exceeds max_queued_audio_s={limit:g}",
+                f"{s.buffered / self.rate:.1f} s of audio waiting exceeds "
+                f"max_queued_audio_s={settings.max_queued_audio_s:g}",
             )
-        if self.stream.error is not None:
-            raise await self.conn.fail("internal_error", str(self.stream.error))
+        if s.buffered / self.rate > settings.backpressure_audio_s:
+            await self._hold_back(conn)
+        if s.error is not None:
+            raise await self._fail(conn, "internal_error", str(s.error))
 
-    async def end(self) -> None:
+    async def _hold_back(self, conn: Conn) -> None:
+        """Stop reading this socket until the queue is below the backpressure level."""
+        settings, s = self.st.settings, self.stream
+        deadline = time.perf_counter() + settings.backpressure_timeout_s
+        while s.buffered / self.rate > settings.backpressure_audio_s and s.error is None:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                raise await self._fail(
+                    conn,
+                    "queue_full",
+                    f"audio arrives faster than it is processed: {s.buffered / self.rate:.1f} s "
+                    f"queued for {settings.backpressure_timeout_s:g} s; send at real-time pace",
+                )
+            s.fed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(s.fed.wait(), min(left, 0.5))
+
+    async def end(self, conn: Conn) -> None:
+        """The client's end: emit the final once all audio is processed."""
+        if self.ended:
+            raise await self._fail(conn, "invalid_message", "end was already received")
+        self.ended = True
         self.m.scheduler.push_audio(self.stream, self.resampler.flush())
+        delivered = await self._finish_stream()
+        if not delivered:  # the final waits in the outbox for a resume
+            raise Closed("final_undelivered", by_client=True, code=1006)
+        await self.st.store.finish(self, "completed")
+
+    async def _finish_stream(self) -> bool:
         try:
             final = await self.m.scheduler.end_audio(self.stream)
         except Exception as e:  # noqa: BLE001  (its batch failed)
-            raise await self.conn.fail("internal_error", str(e)) from None
+            raise await self._fail(self.conn, "internal_error", str(e)) from None
         await self.stop_partials()
-        await self.conn.send(result("final", self.labels, final, self.audio_ms()))
+        self.completed = True
+        return await self.emit(self.message("final", final))
 
-    async def close(self, reason: str) -> None:
+    async def export(self, persist: bool = False) -> bytes:
+        if self.ended and not self.completed:
+            raise SnapshotError("the stream is ending; export it before end or after final")
+        s = self.stream
+
+        def fields() -> dict:
+            buffered = torch.cat(s.chunks) if s.chunks else torch.zeros(0)  # (buffered,)
+            return {
+                "kind": "speech",
+                "start": self.start.model_dump(),
+                "bytes_received": self.bytes_received,
+                "consumed": s.received - s.buffered,
+                "buffered": _b64(buffered),
+                "resampler": self.resampler.state_dict(),
+            }
+
+        return await self.snapshot(s.slot, fields, persist)
+
+    @classmethod
+    def from_extra(
+        cls, st: ServerState, m: ModelEntry, slot: int, extra: dict, **kw: Any
+    ) -> SpeechSession:
+        """Rebuild a session around a restored slot (ValueError when `extra` is malformed)."""
+        start = SpeechStart.model_validate(extra["start"])
+        resampler = StreamResampler.from_state(extra["resampler"])
+        if resampler.orig != start.sample_rate or resampler.new != m.engine.config.sample_rate:
+            raise ValueError("resampler rates do not match the session")
+        limit = int(st.settings.max_queued_audio_s * m.engine.config.sample_rate) + 1
+        buffered = _unb64(extra["buffered"], limit)
+        consumed, nbytes = int(extra["consumed"]), int(extra["bytes_received"])
+        if consumed < 0 or nbytes < 0:
+            raise ValueError("negative stream position")
+        stream = m.scheduler.open_stream(slot)
+        stream.consumed = stream.received = consumed
+        sess = cls(st, m, start, stream, resampler, nbytes, **kw)
+        m.scheduler.push_audio(stream, buffered)
+        return sess
+
+    async def release(self) -> None:
         await self.stop_partials()
         self.m.scheduler.drop_stream(self.stream)
         self.m.scheduler.release(self.stream.slot)
-        self.conn.st.session_ended(
-            self.sid, self.m, "speech", self.t0, reason, audio_ms=round(self.audio_ms(), 1)
-        )
 
 
 @router.websocket("/v1/speech/stream")
 async def speech_stream(ws: WebSocket) -> None:
     conn = Conn(ws, get_state(ws))
+    st = conn.st
     sess: SpeechSession | None = None
-    reason = "client_closed"
     try:
         await conn.admit()
         while True:
@@ -151,53 +300,41 @@ async def speech_stream(ws: WebSocket) -> None:
             if data is not None:
                 if sess is None:
                     raise await conn.fail("no_session", "send a start message before audio")
-                await sess.audio(data)
+                await sess.audio(conn, data)
                 continue
+            obj = await conn.receive_json(text or "")
+            if obj.get("type") == "resume":
+                if sess is not None:
+                    raise await conn.fail("invalid_message", "resume must open a connection")
+                sess = await resume(conn, obj, "speech")  # type: ignore[assignment]
+                continue  # None: it had completed and its final was re-sent
             try:
-                msg = _parse.validate_python(await conn.receive_json(text or ""))
+                msg = _parse.validate_python(obj)
             except ValidationError as e:
                 raise await conn.fail("invalid_message", validation_message(e)[1]) from None
             if isinstance(msg, SpeechStart):
                 if sess is not None:
-                    await sess.close("restarted")
+                    await st.store.finish(sess, "restarted")
                     sess = None
                 sess = await _start(conn, msg)
-                await conn.send(
-                    {
-                        "type": "ready",
-                        "session_id": sess.sid,
-                        "model": sess.m.name,
-                        "labels": sess.labels,
-                        "sample_rate": sess.rate,
-                    }
-                )
+                await conn.send(sess.ready())
+                sess.conn = conn
             else:
+                if sess is None and conn.last_final is not None:  # end re-sent after a resume
+                    await conn.send(conn.last_final)
+                    conn.last_final = None
+                    continue
                 if sess is None:
                     raise await conn.fail("no_session", "end without a started stream")
-                await sess.end()
-                await sess.close("completed")
+                await sess.end(conn)
                 sess = None
     except Closed as e:
-        reason = str(e) or reason
+        await connection_over(conn, sess, e)
+        sess = None
     finally:
-        if sess is not None:
-            await sess.close(reason)
+        await connection_over(conn, sess, None)  # cancelled (server stopping)
 
 
 async def _start(conn: Conn, msg: SpeechStart) -> SpeechSession:
-    st = conn.st
-    try:
-        m = st.pick_model(msg.model, "speech")
-    except NoModelError as e:
-        raise await conn.fail("unknown_model", str(e)) from None
-    conn.model = m.name
-    if st.full():
-        st.metrics.rejections.labels("sessions_full").inc()
-        raise await conn.fail("overloaded", "the server is at its session limit; retry later")
-    try:
-        slot = await m.scheduler.open_slot()
-    except PoolFullError:
-        st.metrics.rejections.labels("pool_full").inc()
-        raise await conn.fail("overloaded", f"model {m.name!r} has no free session slot") from None
-    sid, t0 = st.session_started(m, "speech")
-    return SpeechSession(conn, m, msg, m.scheduler.open_stream(slot), sid, t0)
+    m, slot = await open_slot(conn, msg.model, "speech")
+    return register(conn, SpeechSession(conn.st, m, msg, m.scheduler.open_stream(slot)))  # type: ignore[return-value]

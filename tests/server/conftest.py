@@ -11,11 +11,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 from server.app import create_app
+from server.cli import uvicorn_config
+from server.drain import DrainingServer
 from server.settings import Settings
 
 
@@ -47,15 +48,10 @@ class LiveServer:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.app = create_app(settings)
-        cfg = uvicorn.Config(
-            self.app,
-            host="127.0.0.1",
-            port=self.port,
-            log_level="warning",
-            ws_max_size=4 * settings.max_frame_bytes,
-            lifespan="on",
+        cfg = uvicorn_config(
+            self.app, settings, host="127.0.0.1", port=self.port, log_level="warning"
         )
-        self.server = uvicorn.Server(cfg)
+        self.server = DrainingServer(cfg, self.app.state.dlr)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property

@@ -65,7 +65,10 @@ def test_flow_partials_final_and_restart(client, clips, models_dir):
         partials.insert(0, first)
         assert all(p["audio_ms"] <= final["audio_ms"] for p in partials)
         assert final["audio_ms"] == pytest.approx(len(x) / 16)
-        assert set(final) == {"type", "audio_ms", "label", "score", "top"}
+        assert set(final) == {"type", "audio_ms", "lag_ms", "label", "score", "top", "seq"}
+        assert final["lag_ms"] == 0.0  # everything received was processed
+        seqs = [p["seq"] for p in partials] + [final["seq"]]
+        assert seqs == list(range(1, len(seqs) + 1))  # numbered, none lost or repeated
         assert final["label"] == final["top"][0]["label"] and len(final["top"]) == 5
         # the final equals the recurrent model over the whole clip in one call
         rec = load_recurrent(models_dir / SPEECH_NAME)

@@ -1,0 +1,144 @@
+"""Graceful drain on SIGTERM and restore at start-up (rolling restarts without lost sessions).
+
+`drain(st)`: readiness turns off and new sessions are refused (1013 / 503); in-flight work
+finishes (queued whole audio frames are processed, running generations complete) for at most
+`drain_timeout_s` (then generations are cancelled at a batch boundary, which keeps every
+sampled token in the state); every connected client gets `{"type":"going_away",...,
+"resume":true}` and a close 1001; then, with `state_dir` set, every live session's state is
+written there, one file per session (`<session_id>.state`, written to a temporary name, fsynced
+and renamed, so a file is complete or absent). `DrainingServer` runs the drain before uvicorn's
+own shutdown closes the sockets.
+
+`restore_dir(st)`: at start-up, every `*.state` file is restored as a detached session (same
+id, same token, same replay buffer; the resume grace starts now) and removed; a file that
+fails to restore is renamed to `*.state.bad` with a logged error, and the others still load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from pathlib import Path
+
+import uvicorn
+
+from dlr_runtime.engine import SnapshotError
+
+from .routes.sessions import restore_blob
+from .state import ServerState
+
+log = logging.getLogger("dlr.server")
+SUFFIX = ".state"
+
+
+async def _wait(pred, deadline: float) -> bool:
+    while not pred():
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+async def drain(st: ServerState) -> int:
+    """Drain the server (see the module docstring); returns the number of sessions persisted."""
+    if st.draining:
+        return 0
+    st.draining, st.ready = True, False
+    t0 = time.monotonic()
+    settings = st.settings
+    deadline = t0 + settings.drain_timeout_s
+    scheds = [m.scheduler for m in st.models.values()]
+    finished = await _wait(lambda: all(s.idle() for s in scheds), deadline)
+    live = list(st.store.live.values())
+    if not finished:
+        log.warning(
+            "drain: in-flight work did not finish in %.1f s; cancelling generations",
+            settings.drain_timeout_s,
+        )
+    for sess in live:
+        cancel = getattr(sess, "cancel_generation", None)
+        if cancel is not None:
+            cancel()
+    await _wait(lambda: all(getattr(s, "pump", None) is None for s in live), time.monotonic() + 5)
+    await _wait(
+        lambda: all(getattr(s, "finisher", None) is None for s in live), time.monotonic() + 1
+    )
+    resumable = settings.state_dir is not None
+    for sess in list(st.store.live.values()):
+        conn = sess.conn
+        sess.conn = None
+        if conn is not None:
+            await conn.going_away(sess.sid, resumable)
+    n = 0
+    if resumable:
+        root = Path(settings.state_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        for sess in list(st.store.live.values()):
+            if sess.closed:
+                continue
+            try:
+                blob = await sess.export(persist=True)
+            except (SnapshotError, RuntimeError) as e:
+                log.error("drain: session %s not persisted: %s", sess.sid, e)
+                continue
+            write_atomic(root / f"{sess.sid}{SUFFIX}", blob)
+            st.metrics.persisted.labels("written").inc()
+            n += 1
+    log.info("drain: %d session(s) persisted in %.2f s", n, time.monotonic() - t0)
+    return n
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+async def restore_dir(st: ServerState) -> int:
+    """Restore every persisted session file; returns how many were restored."""
+    if st.settings.state_dir is None:
+        return 0
+    root = Path(st.settings.state_dir)
+    if not root.is_dir():
+        return 0
+    n = 0
+    for path in sorted(root.glob(f"*{SUFFIX}")):
+        try:
+            if path.stat().st_size > st.settings.max_state_bytes:
+                raise SnapshotError("file larger than max_state_bytes")
+            sess = await restore_blob(st, path.read_bytes(), persisted=True)
+        except Exception as e:  # noqa: BLE001  (any bad file: skip it, keep the others)
+            log.error("restore: skipping %s: %s: %s", path.name, type(e).__name__, e)
+            st.metrics.persisted.labels("failed").inc()
+            os.replace(path, path.with_name(path.name + ".bad"))
+            continue
+        path.unlink()
+        st.metrics.persisted.labels("restored").inc()
+        log.info("restore: session %s (%s, %s)", sess.sid, sess.kind, sess.m.name)
+        n += 1
+    return n
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn.Server that drains the app (see `drain`) before closing connections."""
+
+    def __init__(self, config: uvicorn.Config, st: ServerState) -> None:
+        super().__init__(config)
+        self.st = st
+
+    async def shutdown(self, sockets=None) -> None:
+        try:
+            await drain(self.st)
+        except Exception:  # noqa: BLE001  (never block the shutdown itself)
+            log.exception("drain failed")
+        await super().shutdown(sockets)
