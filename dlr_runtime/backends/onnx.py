@@ -270,7 +270,9 @@ class OnnxBackend:
         buf[rows, state["frame_fill"]] = x_t
         fill = state["frame_fill"] + 1
         done = fill == stride  # (B,)
-        state["frame_buf"], state["frame_fill"] = buf, torch.where(done, 0, fill)
+        # canonical state, as RecurrentModel leaves it: a completed frame's buffer is zeroed
+        state["frame_buf"] = torch.where(done.unsqueeze(-1), 0.0, buf).to(buf.dtype)
+        state["frame_fill"] = torch.where(done, 0, fill)
         if bool(done.all()):
             _, state = self._run("step", buf, state)
         elif bool(done.any()):

@@ -5,7 +5,8 @@ Tolerances (max abs difference of outputs/state, unit-scale random models):
   Vandermonde sums round differently from the step loop, ~1e-6 in practice).
 - float64 graphs vs complex128 RecurrentModel: 1e-6 (GELU's erf is evaluated in float32 inside
   float64 graphs, since ONNX Runtime has no float64 Erf; everything else is float64).
-Exports are made once per module (each takes a few seconds).
+Exports are made once per module (each takes a few seconds); the audio model goes through the
+`dlr-export onnx` command and `OnnxBackend.from_dir`.
 """
 
 from __future__ import annotations
@@ -14,8 +15,16 @@ import onnx
 import pytest
 import torch
 
-from dlr_runtime import DLRConfig, DLRModel, reference_forward, to_recurrent
+from dlr_runtime import (
+    DLRConfig,
+    DLRModel,
+    load_recurrent,
+    reference_forward,
+    save_checkpoint,
+    to_recurrent,
+)
 from dlr_runtime.backends.onnx import OnnxBackend
+from dlr_runtime.export.cli import main as export_main
 from dlr_runtime.export.onnx_export import read_manifest
 from dlr_runtime.export.realmath import ClassifierChunk, LMChunk, LMStep, RealCore
 
@@ -48,10 +57,14 @@ def lm(request, lm_model, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def audio(tmp_path_factory):
+    """Audio classifier exported through the `dlr-export onnx` command, loaded with from_dir."""
+    tmp = tmp_path_factory.mktemp("audio")
     model = DLRModel(AUDIO_CFG, seed=2)
-    rec = to_recurrent(model)
-    be = OnnxBackend.from_recurrent(rec, tmp_path_factory.mktemp("audio"), max_chunk=8)
-    return model, rec, be
+    save_checkpoint(model, tmp / "ckpt")
+    assert export_main(["onnx", str(tmp / "ckpt"), str(tmp / "g"), "--max-chunk", "8"]) == 0
+    be = OnnxBackend.from_dir(tmp / "g")
+    assert be.max_chunk == 8
+    return model, load_recurrent(tmp / "ckpt"), be
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> None:
@@ -110,6 +123,11 @@ def test_exported_graphs_pass_checker(lm, audio):
             onnx.checker.check_model(model, full_check=True)
             dims = model.graph.input[0].type.tensor_type.shape.dim
             assert dims[0].dim_param, "batch axis must be dynamic"
+
+
+def test_export_cli_bad_checkpoint(tmp_path, capsys):
+    assert export_main(["onnx", str(tmp_path / "nope"), str(tmp_path / "g")]) == 2
+    assert "cannot load checkpoint" in capsys.readouterr().err
 
 
 def test_read_manifest_errors(tmp_path):
