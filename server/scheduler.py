@@ -165,6 +165,7 @@ class Scheduler:
         self._closed = False
         self.batches_run = 0
         self.fail_next_batch: BaseException | None = None  # test hook: raise in the next batch
+        self._in_batch = False
         self.paused = False  # test hook: form no batches while True (work queues up)
 
     # ------------------------------------------------------------------ lifecycle
@@ -278,7 +279,7 @@ class Scheduler:
 
     def idle(self) -> bool:
         """No generation running and no stream with whole frames (or an end) waiting."""
-        return not self._has_work()
+        return not (self._in_batch or self._has_work())
 
     async def snapshot(self, slot: int, extra_fn) -> bytes:
         """Snapshot a slot between batches. `extra_fn()` runs on the event loop right before
@@ -376,12 +377,15 @@ class Scheduler:
             if batch.empty():
                 await asyncio.sleep(0)
                 continue
+            self._in_batch = True
             try:
                 result = await self._call(self._execute, batch)
             except Exception as e:  # noqa: BLE001  (fail this batch only, keep serving)
                 self.metrics.batch_failures.labels(self.name).inc()
                 self._fail(batch, e)
                 continue
+            finally:
+                self._in_batch = False
             self.batches_run += 1
             self._deliver(batch, result)
 
