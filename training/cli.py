@@ -211,6 +211,7 @@ def _run_suite(args: argparse.Namespace) -> dict:
         Path(args.work_dir),
         tuple(args.archs),
         args.heldout_batches,
+        args.command,
     )
     print((Path(cfg.out_dir) / "results.md").read_text())
     return {"rows": len(rows)}

@@ -37,6 +37,7 @@ def run_suite(
     work_dir: Path,
     archs: tuple[str, ...] = ARCHS,
     heldout_batches: int = 4,
+    command: str = "",
 ) -> list[dict[str, Any]]:
     unknown = sorted(set(tasks) - set(TASKS))
     if unknown:
@@ -68,9 +69,17 @@ def run_suite(
             print(json.dumps(row), flush=True)
             rows.append(row)
     out_dir.mkdir(parents=True, exist_ok=True)
-    meta = {"length": length, "train": train.to_dict(), "model": model.to_dict()}
+    meta = {
+        "length": length,
+        "command": command,
+        "train": train.to_dict(),
+        "model": model.to_dict(),
+    }
     (out_dir / "results.json").write_text(json.dumps({"setup": meta, "rows": rows}, indent=1))
-    (out_dir / "results.md").write_text(markdown_table(rows, length, train, model))
+    table = markdown_table(rows, length, train, model)
+    if command:
+        table += f"\nCommand:\n\n```\n{command}\n```\n"
+    (out_dir / "results.md").write_text(table)
     plot_scores(rows, out_dir / "scores.png", length)
     return rows
 

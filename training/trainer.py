@@ -263,26 +263,7 @@ class Trainer:
             bar.close()
             progress.elapsed_s = time.perf_counter() - t_start
             if ctx.is_main:
-                metrics = recipe.evaluate(model, device, "valid")
-                value = float(metrics[recipe.primary])
-                improved = progress.best is None or (
-                    value > progress.best if recipe.higher_is_better else value < progress.best
-                )
-                if improved:
-                    progress.best, progress.best_step = value, progress.step
-                    recipe.save_model(model, self.out / MODEL_DIR, {"best_step": progress.step})
-                record = {
-                    "kind": "eval",
-                    "split": "valid",
-                    "step": progress.step,
-                    "epoch": epoch + 1,
-                }
-                record.update({k: float(v) for k, v in metrics.items()})
-                record["elapsed_s"] = progress.elapsed_s
-                log.write(record)
-                progress.history.append(record)
-                shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-                print(f"epoch {epoch + 1}: step {progress.step} valid {shown}", flush=True)
+                self._evaluate_epoch(model, device, progress, log, epoch)
             progress.epoch += 1
             progress.step_in_epoch = 0
             if ctx.is_main:
@@ -294,6 +275,27 @@ class Trainer:
             summary = self._finish(model, device, progress, info)
         ctx.barrier()
         return summary
+
+    def _evaluate_epoch(
+        self, model: nn.Module, device, progress: Progress, log: MetricsLog, epoch: int
+    ) -> None:
+        """Score the held-out split, keep the best checkpoint, log and print the result."""
+        recipe = self.recipe
+        metrics = recipe.evaluate(model, device, "valid")
+        value = float(metrics[recipe.primary])
+        improved = progress.best is None or (
+            value > progress.best if recipe.higher_is_better else value < progress.best
+        )
+        if improved:
+            progress.best, progress.best_step = value, progress.step
+            recipe.save_model(model, self.out / MODEL_DIR, {"best_step": progress.step})
+        record = {"kind": "eval", "split": "valid", "step": progress.step, "epoch": epoch + 1}
+        record.update({k: float(v) for k, v in metrics.items()})
+        record["elapsed_s"] = progress.elapsed_s
+        log.write(record)
+        progress.history.append(record)
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+        print(f"epoch {epoch + 1}: step {progress.step} valid {shown}", flush=True)
 
     def _finish(self, model: nn.Module, device, progress: Progress, info: dict) -> dict[str, Any]:
         best_dir = self.out / MODEL_DIR
