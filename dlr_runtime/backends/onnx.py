@@ -233,6 +233,10 @@ class OnnxBackend:
         b = x.shape[0]
         lead = (b,) if graph == "step" else (b, x.shape[1])
         clf = self.config.decoder == "classifier"
+        if b == 0:  # the graphs' batch axis starts at 1: nothing to run
+            return torch.empty(
+                *lead, self.config.out_dim, dtype=self.dtype, device=self._device
+            ), state
         ins = {"x": x, "state_re": state["ssm_re"], "state_im": state["ssm_im"]}
         outs = {
             "y": torch.empty(*lead, self.config.out_dim, dtype=self.dtype, device=self._device),

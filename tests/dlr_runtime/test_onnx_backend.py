@@ -199,6 +199,14 @@ def test_lm_bad_input(lm):
         be.scores(state)
 
 
+def test_empty_batch(lm):
+    _, be = lm
+    y, s = be.chunk(torch.zeros(0, 3, dtype=torch.int64), be.init_state(0))
+    assert y.shape == (0, 3, 20) and s["ssm_re"].shape[0] == 0
+    y, _ = be.step(torch.zeros(0, dtype=torch.int64), be.init_state(0))
+    assert y.shape == (0, 20)
+
+
 def test_backend_attributes(lm):
     rec, be = lm
     assert be.name == "onnx"
@@ -261,3 +269,16 @@ def test_classifier_chunk_twin(audio):
     _close(y, y_ref, 1e-5)
     _close(ms, s_ref["mean_sum"], 1e-5)
     assert mc.tolist() == [5.0, 5.0]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_execution_provider_keeps_state_on_device(lm_model, tmp_path):
+    rec = to_recurrent(lm_model).to("cuda")
+    be = OnnxBackend.from_recurrent(rec, tmp_path, max_chunk=8)
+    assert be.describe()["providers"][0] == "CUDAExecutionProvider"
+    x = torch.randint(0, 20, (3, 13), device="cuda")
+    y, s = be.chunk(x, be.init_state(3))
+    assert y.is_cuda and all(t.is_cuda for t in s.values())
+    y_ref, _ = rec.chunk(x, rec.init_state(3))
+    _close(y.cpu(), y_ref.cpu(), 1e-4)
