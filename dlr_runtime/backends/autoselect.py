@@ -1,0 +1,104 @@
+"""Pick the fastest backend for a model on its device by measuring it (for `backend="auto"`).
+
+    name, backend, timings = pick_fastest(rec)
+
+Builds each candidate ("torch": the RecurrentModel itself, "torch-fast": the compiled /
+CUDA-graph decode step, "onnx": ONNX Runtime), times the call the server makes most (LM: one
+decode step at a few batch sizes; audio: a 100 ms chunk at a few batch sizes), and returns the
+one with the least total median time, plus every candidate's timings. A candidate that fails
+to build or run is skipped (its error is logged and recorded as an infinite time), so "auto"
+always ends with a working backend ("torch" at worst). Building "onnx" exports the model
+(seconds); "torch-fast" on CPU compiles per batch size (tens of seconds), so it is only a
+candidate when asked for.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..recurrent import RecurrentModel
+
+log = logging.getLogger(__name__)
+DEFAULT_CANDIDATES = ("torch", "onnx")
+
+
+def build(rec: RecurrentModel, name: str) -> Any:
+    """One candidate backend for `rec` by name."""
+    if name == "torch":
+        return rec
+    if name == "onnx":
+        from .onnx import OnnxBackend  # noqa: PLC0415  (onnxruntime only when asked for)
+
+        return OnnxBackend.from_recurrent(rec)
+    if name == "torch-fast":
+        from .torch_compiled import FastTorchBackend  # noqa: PLC0415
+
+        return FastTorchBackend(rec)
+    raise ValueError(f"unknown backend candidate {name!r}")
+
+
+def _median_time(fn: Callable[[], object], reps: int, device: torch.device) -> float:
+    fn()  # warm-up (and compile / capture for the fast paths)
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
+
+
+def measure(backend: Any, batch_sizes: Sequence[int], reps: int) -> float:
+    """Total median seconds of the hot call over `batch_sizes`."""
+    cfg, dev = backend.config, backend.device
+    total = 0.0
+    for b in batch_sizes:
+        state = backend.init_state(b)
+        if cfg.encoder == "tokens":
+            x = torch.randint(0, cfg.vocab_size, (b,), device=dev)
+            total += _median_time(lambda x=x, s=state: backend.step(x, s), reps, dev)
+        else:
+            x = 0.1 * torch.randn(b, cfg.sample_rate // 10, device=dev)  # 100 ms of audio
+            total += _median_time(lambda x=x, s=state: backend.chunk(x, s), reps, dev)
+    return total
+
+
+def pick_fastest(
+    rec: RecurrentModel,
+    candidates: Sequence[str] = DEFAULT_CANDIDATES,
+    batch_sizes: Sequence[int] = (1, 16),
+    reps: int = 7,
+) -> tuple[str, Any, dict[str, float]]:
+    """(name, backend, {candidate: seconds}) of the fastest candidate for `rec`."""
+    if not candidates:
+        raise ValueError("pick_fastest needs at least one candidate")
+    timings: dict[str, float] = {}
+    built: dict[str, Any] = {}
+    for name in candidates:
+        try:
+            be = build(rec, name)
+            timings[name] = measure(be, batch_sizes, reps)
+            built[name] = be
+        except Exception as e:  # a broken candidate must not stop the server from starting
+            log.warning("backend candidate %s failed: %s", name, e)
+            timings[name] = math.inf
+    if not built:
+        log.warning("no candidate backend worked; using torch")
+        return "torch", rec, timings
+    best = min(built, key=lambda k: timings[k])
+    log.info(
+        "backend auto-selection on %s: %s -> %s",
+        rec.device,
+        ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in timings.items()),
+        best,
+    )
+    return best, built[best], timings

@@ -1,0 +1,55 @@
+"""Auto-selection of the backend by measurement: every candidate is timed, the fastest is
+returned, broken candidates are skipped, and the chosen backend computes the model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dlr_runtime import DLRConfig, DLRModel, to_recurrent
+from dlr_runtime.backends.autoselect import build, measure, pick_fastest
+
+CFG = DLRConfig(d_model=16, d_state=8, n_layers=1, vocab_size=20)
+
+
+@pytest.fixture(scope="module")
+def rec():
+    return to_recurrent(DLRModel(CFG, seed=0))
+
+
+def test_picks_the_fastest_measured(rec):
+    name, be, timings = pick_fastest(rec, candidates=("torch", "onnx"), batch_sizes=(1,), reps=3)
+    assert set(timings) == {"torch", "onnx"}
+    assert all(0 < t < math.inf for t in timings.values())
+    assert name == min(timings, key=timings.get)
+    assert be.name == name if name == "onnx" else be is rec
+    x = torch.randint(0, 20, (2, 5))
+    y, _ = be.chunk(x, be.init_state(2))
+    y_ref, _ = rec.chunk(x, rec.init_state(2))
+    assert (y - y_ref).abs().max().item() < 1e-4
+
+
+def test_broken_candidate_is_skipped(rec):
+    name, be, timings = pick_fastest(
+        rec, candidates=("nonsense", "torch"), batch_sizes=(1,), reps=2
+    )
+    assert timings["nonsense"] == math.inf
+    assert name == "torch" and be is rec
+
+
+def test_all_broken_falls_back_to_torch(rec):
+    name, be, _ = pick_fastest(rec, candidates=("nonsense",), batch_sizes=(1,), reps=1)
+    assert name == "torch" and be is rec
+    with pytest.raises(ValueError):
+        pick_fastest(rec, candidates=())
+
+
+def test_measure_audio_uses_chunks():
+    cfg = DLRConfig(
+        d_model=8, d_state=4, n_layers=1, encoder="audio", decoder="classifier",
+        frame_stride=160, labels=["a", "b"],
+    )  # fmt: skip
+    audio_rec = to_recurrent(DLRModel(cfg, seed=0))
+    assert measure(build(audio_rec, "torch"), (1, 2), reps=2) > 0
