@@ -15,6 +15,14 @@ from training.plain_checkpoint import read_plain_header
 
 from .conftest import QUIET, TINY_MODEL
 
+# a few steps of a tiny LM on the `text_dir` corpus
+TINY_LM = [
+    *("--steps", "4", "--steps-per-epoch", "2", "--seq-len", "16", "--batch-size", "4"),
+    *("--eval-tokens", "64", "--valid-fraction", "0.34", "--sample-bytes", "8", "--warmup", "1"),
+    *TINY_MODEL,
+    *QUIET,
+]
+
 
 def _run_files(out: Path) -> None:
     for name in ("run.json", "metrics.jsonl", "metrics.csv", "curves.png", "summary.json"):
@@ -79,33 +87,7 @@ def test_speech_recipe_on_a_handful_of_espeak_clips(tmp_path: Path) -> None:
 @pytest.mark.parametrize("arch", ["dlr", "transformer"])
 def test_lm_recipe(tmp_path: Path, text_dir: Path, arch: str) -> None:
     out = tmp_path / arch
-    argv = [
-        "lm",
-        "--text",
-        str(text_dir),
-        "--out-dir",
-        str(out),
-        "--arch",
-        arch,
-        "--steps",
-        "4",
-        "--steps-per-epoch",
-        "2",
-        "--seq-len",
-        "16",
-        "--batch-size",
-        "4",
-        "--eval-tokens",
-        "64",
-        "--valid-fraction",
-        "0.34",
-        "--sample-bytes",
-        "8",
-        "--warmup",
-        "1",
-        *TINY_MODEL,
-        *QUIET,
-    ]
+    argv = ["lm", "--text", str(text_dir), "--out-dir", str(out), "--arch", arch, *TINY_LM]
     assert main(argv) == 0
     _run_files(out)
     summary = json.loads((out / "summary.json").read_text())
@@ -212,32 +194,8 @@ def test_bad_options_fail_with_a_clear_message(tmp_path: Path, capsys) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_lm_recipe_on_cuda_with_bfloat16_autocast(tmp_path: Path, text_dir: Path) -> None:
     out = tmp_path / "cuda"
-    argv = [
-        "lm",
-        "--text",
-        str(text_dir),
-        "--out-dir",
-        str(out),
-        "--device",
-        "cuda",
-        "--amp",
-        "--steps",
-        "4",
-        "--steps-per-epoch",
-        "2",
-        "--seq-len",
-        "16",
-        "--batch-size",
-        "4",
-        "--eval-tokens",
-        "64",
-        "--valid-fraction",
-        "0.34",
-        "--sample-bytes",
-        "8",
-        *TINY_MODEL,
-        *QUIET,
-    ]
+    argv = ["lm", "--text", str(text_dir), "--out-dir", str(out), "--device", "cuda", "--amp"]
+    argv += TINY_LM
     assert main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["hardware"]["gpu"] and 0 < summary["test"]["bpb"] < 12
