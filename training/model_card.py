@@ -1,7 +1,7 @@
 """Package a finished run as a shipped model: copy the checkpoint and write MODEL.md.
 
     python -m training.model_card speech runs/speech models/speech-commands
-    python -m training.model_card lm runs/lm models/byte-lm --baseline runs/lm-transformer
+    python -m training.model_card lm runs/lm models/byte-lm --compare "Transformer=runs/lm-tf"
 
 The card is generated from the run's own records (run.json, summary.json, the checkpoint
 header), so every number in it is the one measured by the run: data, exact command, model
@@ -194,28 +194,31 @@ FFT-mode forward, so the differences below are float32 rounding on either side:
 {_training_section(summary, run)}"""
 
 
-def lm_card(run: Path, dest: Path, baseline: Path | None) -> str:
+def _lm_row(label: str, summary: dict[str, Any]) -> str:
+    return (
+        f"| {label} | {summary['parameters']:,} | {summary['test']['bpb']:.4f} | "
+        f"{summary['steps']} | {summary['items_seen']:,} | {summary['train_time_s'] / 60:.1f} |"
+    )
+
+
+def lm_card(run: Path, dest: Path, compare: list[tuple[str, Path]]) -> str:
+    """`compare`: (label, run dir) of other LM runs (the Transformer baseline...) for the table."""
     summary, header = _load(run)
     cfg = header["config"]
     opts = summary["recipe_options"]["lm"]
     sb = _state_bytes(run / "model")
-    rows = [
-        f"| DLR (this model) | {summary['parameters']:,} | {summary['test']['bpb']:.4f} | "
-        f"{summary['steps']} | {summary['train_time_s'] / 60:.1f} |"
-    ]
-    base_text = "No Transformer baseline was trained for this card."
-    if baseline is not None:
-        b = json.loads((baseline / "summary.json").read_text())
-        tcfg = b["recipe_options"].get("transformer", {})
-        rows.append(
-            f"| causal Transformer (width {tcfg.get('d_model')}, {tcfg.get('n_layers')} layers, "
-            f"{tcfg.get('n_heads')} heads) | {b['parameters']:,} | {b['test']['bpb']:.4f} | "
-            f"{b['steps']} | {b['train_time_s'] / 60:.1f} |"
-        )
-        base_text = (
-            "The baseline was trained on the same data with the same batch, sequence length, "
-            "steps, optimiser and schedule:\n\n```\n" + (b.get("command") or "") + "\n```"
-        )
+    rows = [_lm_row("**DLR (this model)**", summary)]
+    commands = [summary.get("command") or "(not recorded)"]
+    for label, other in compare:
+        o = json.loads((other / "summary.json").read_text())
+        tcfg = o["recipe_options"].get("transformer")
+        if tcfg:
+            label += (
+                f" (width {tcfg['d_model']}, {tcfg['n_layers']} layers, {tcfg['n_heads']} heads)"
+            )
+        rows.append(_lm_row(label, o))
+        commands.append(o.get("command") or "(not recorded)")
+    compare_args = "".join(f" --compare '{label}={path}'" for label, path in compare)
     samples = "\n\n".join(f"```\n{s}\n```" for s in summary.get("samples", []))
     held = ", ".join(summary.get("held_out_documents", []))
     return f"""# byte-lm: byte-level DLR language model (Shakespeare)
@@ -235,8 +238,8 @@ seeded): {held}. Training text: {summary.get("train_tokens", 0):,} tokens; held-
 ## Command
 
 ```
-{summary.get("command") or "(not recorded)"}
-python -m training.model_card lm {run} {dest}{" --baseline " + str(baseline) if baseline else ""}
+{chr(10).join(commands)}
+python -m training.model_card lm {run} {dest}{compare_args}
 ```
 
 ## Results
@@ -244,11 +247,17 @@ python -m training.model_card lm {run} {dest}{" --baseline " + str(baseline) if 
 Bits per byte on the held-out plays (cross-entropy in bits per predicted token, BOS/EOS
 included, over non-overlapping {opts["seq_len"]}-byte windows, each starting without context):
 
-| model | parameters | held-out bits/byte | steps | train minutes |
-|---|---:|---:|---:|---:|
+| model | parameters | held-out bits/byte | steps | training tokens | train minutes |
+|---|---:|---:|---:|---:|---:|
 {chr(10).join(rows)}
 
-{base_text}
+All runs in the table read the same training text with the same batch, window, optimiser,
+learning rates and schedule (commands above); only the architecture and the number of steps
+differ where the label says so. The Transformer's width is picked automatically (`--tf-width 0`)
+so that its parameter count matches the DLR model built from the same `--d-model/--d-state/
+--n-layers`; it uses learned absolute positions and causal softmax attention over the
+{opts["seq_len"]}-byte window. Train minutes are wall clock on the shared machine below
+(the Transformer takes fewer CPU seconds per step here).
 
 ## Samples
 
@@ -275,7 +284,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("kind", choices=["speech", "lm"])
     parser.add_argument("run", type=Path, help="finished run directory")
     parser.add_argument("dest", type=Path, help="models/<name> directory to write")
-    parser.add_argument("--baseline", type=Path, default=None, help="lm: Transformer run dir")
+    parser.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="LABEL=RUN",
+        help="lm: another run for the comparison table (repeatable)",
+    )
     parser.add_argument("--command", default="", help="training command, if the run lacks it")
     args = parser.parse_args(argv)
     if args.command:
@@ -287,7 +302,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.kind == "speech":
         text = speech_card(args.run, args.dest)
     else:
-        text = lm_card(args.run, args.dest, args.baseline)
+        pairs = [c.split("=", 1) for c in args.compare]
+        if any(len(p) != 2 for p in pairs):
+            parser.error("--compare takes LABEL=RUN_DIR")
+        text = lm_card(args.run, args.dest, [(label, Path(path)) for label, path in pairs])
         if (args.run / "samples.txt").is_file():
             shutil.copy2(args.run / "samples.txt", args.dest / "samples.txt")
     (args.dest / "MODEL.md").write_text(text)
