@@ -106,14 +106,14 @@ class OnnxBackend:
         threads: int | None = None,
     ) -> None:
         man = read_manifest(export_dir)
-        self.export_dir = Path(export_dir)
+        self.export_dir: Path | None = Path(export_dir)
         self.config = DLRConfig.from_dict(man["config"])
         self.dtype: torch.dtype = getattr(torch, man["dtype"])
         self.max_chunk = int(man["max_chunk"])
         self.n_layers = int(man["n_layers"])
         self._device = torch.device(device)
         self.graphs = {
-            k: _Graph(self.export_dir / f, self._device, threads) for k, f in man["graphs"].items()
+            k: _Graph(Path(export_dir) / f, self._device, threads) for k, f in man["graphs"].items()
         }
 
     @classmethod
@@ -128,12 +128,18 @@ class OnnxBackend:
         """Export `rec` (into `export_dir`, or a temporary directory) and load the graphs.
 
         The graphs' float dtype follows the state dtype of `rec` (complex64 -> float32,
-        complex128 -> float64). Runs on `device` (default: rec's device).
+        complex128 -> float64). Runs on `device` (default: rec's device). A temporary export
+        directory is removed once the sessions are built (they hold the graphs in memory).
         """
-        if export_dir is None:
-            export_dir = tempfile.mkdtemp(prefix="dlr-onnx-")
-        export_onnx(rec, export_dir, max_chunk=max_chunk)
-        return cls(export_dir, device=rec.device if device is None else device, threads=threads)
+        dev = rec.device if device is None else device
+        if export_dir is not None:
+            export_onnx(rec, export_dir, max_chunk=max_chunk)
+            return cls(export_dir, device=dev, threads=threads)
+        with tempfile.TemporaryDirectory(prefix="dlr-onnx-") as tmp:
+            export_onnx(rec, tmp, max_chunk=max_chunk)
+            backend = cls(tmp, device=dev, threads=threads)
+        backend.export_dir = None  # the graphs now live only in the sessions
+        return backend
 
     @classmethod
     def from_dir(cls, export_dir: str | Path, device: torch.device | str = "cpu") -> OnnxBackend:
