@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,7 @@ __all__ = [
     "ClientBase",
     "ClientConfig",
     "Disconnected",
+    "Resumable",
     "WSConnection",
     "ws_url",
 ]
@@ -50,8 +52,9 @@ class ClientConfig:
     api_key: str | None = None  # sent as "Authorization: Bearer <key>" when set
     connect_timeout: float = 10.0  # seconds for TCP + HTTP/WebSocket handshake
     read_timeout: float = 60.0  # seconds to wait for the server's next message
-    max_reconnects: int = 3  # resume attempts after a dropped session (0 = never)
-    reconnect_backoff: float = 0.5  # first wait before a reconnect; doubles each attempt
+    max_reconnects: int = 3  # resumes of one session after drops (0 = never resume)
+    reconnect_backoff: float = 0.5  # first wait before a reconnect; doubles up to 4 s
+    resume_timeout: float = 60.0  # keep trying to resume this long (a restarting server)
     max_message_bytes: int = 16 * 1024 * 1024  # largest message accepted from the server
 
     def headers(self) -> dict[str, str]:
@@ -207,3 +210,81 @@ class WSConnection:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._ws.close(code=code), timeout=2.0)
             self._ws = None
+
+
+class Resumable:
+    """What a session needs to survive a dropped connection: id, resume token, message order.
+
+    Server messages after ``ready`` carry ``seq`` (1, 2, ...); :meth:`fresh` drops the ones a
+    resume replays twice. ``going_away`` (the server is stopping) says whether to resume.
+    """
+
+    def __init__(self, cfg: ClientConfig, path: str) -> None:
+        self.cfg, self.path = cfg, path
+        self.session_id: str | None = None
+        self.token: str | None = None
+        self.last_seq = 0
+        self.going_away: dict[str, Any] | None = None
+        self.resumes = 0  # resumes of the current session
+
+    def started(self, ready: dict[str, Any]) -> None:
+        """A new session began (``ready`` after ``start``)."""
+        self.session_id = ready.get("session_id")
+        self.token = ready.get("resume_token")
+        self.last_seq, self.going_away, self.resumes = 0, None, 0
+
+    def fresh(self, msg: dict[str, Any]) -> bool:
+        """False for a message already seen (replayed after a resume); records ``going_away``."""
+        seq = msg.get("seq")
+        if isinstance(seq, int):
+            if seq <= self.last_seq:
+                return False
+            self.last_seq = seq
+        if msg.get("type") == "going_away":
+            self.going_away = msg
+        return True
+
+    def check(self, exc: Disconnected) -> None:
+        """Re-raise ``exc`` (or the server's going-away reason) when it cannot be resumed."""
+        if self.going_away is not None and not self.going_away.get("resume", False):
+            raise Disconnected(
+                f"server going away: {self.going_away.get('message', '')}", exc.close_code
+            ) from exc
+        if not (exc.resumable and self.token and self.resumes < self.cfg.max_reconnects):
+            raise exc
+
+    async def resume(self) -> tuple[WSConnection, dict[str, Any]]:
+        """Reconnect and send ``resume`` until the server answers ``ready`` (or time is up)."""
+        self.resumes += 1
+        wait = self.cfg.reconnect_backoff
+        if self.going_away is not None:
+            wait = max(wait, float(self.going_away.get("retry_after_s") or 0))
+        self.going_away = None
+        deadline = time.monotonic() + self.cfg.resume_timeout
+        while True:
+            await asyncio.sleep(wait)
+            conn = WSConnection(self.cfg, self.path)
+            try:
+                await conn.open()
+                await conn.send_json(
+                    {
+                        "type": "resume",
+                        "session_id": self.session_id,
+                        "resume_token": self.token,
+                        "last_seq": self.last_seq,
+                    }
+                )
+                ready = await conn.recv()
+            except (ConnectionFailed, Timeout) as exc:  # server not back yet
+                await conn.close()
+                if time.monotonic() + wait > deadline:
+                    raise ConnectionFailed(
+                        f"could not resume session {self.session_id} within "
+                        f"{self.cfg.resume_timeout:g} s: {exc}"
+                    ) from exc
+                wait = min(wait * 2, 4.0)
+                continue
+            if ready.get("type") != "ready":
+                raise ProtocolError(f"expected 'ready' after 'resume', got {ready!r}")
+            self.token = ready.get("resume_token", self.token)
+            return conn, ready

@@ -8,17 +8,18 @@ streams new tokens that also stay in it, so each turn sends only the new text::
         async for event in chat.generate(max_new_tokens=40, stop=["\\n"]):
             print(event.text, end="", flush=True)
 
-If the connection drops between turns and the server gave a resume token, the next call
-reconnects and resumes the same session (state intact) before sending.
+If the connection drops (between turns or in the middle of a generation) and the server gave a
+resume token, the client reconnects and resumes the same session: the messages the server had
+not received are sent again, and the tokens missed meanwhile are replayed by the server (each
+server message is numbered, so none is delivered twice).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from clients._ws import ClientBase, Disconnected, WSConnection
+from clients._ws import ClientBase, Disconnected, Resumable, WSConnection
 from clients.errors import ConnectionFailed, ProtocolError
 from clients.generate import sampling_body
 from clients.types import GenerateResult, TokenEvent, Usage
@@ -26,7 +27,7 @@ from clients.types import GenerateResult, TokenEvent, Usage
 __all__ = ["CHAT_PATH", "AsyncChatSession"]
 
 CHAT_PATH = "/v1/generate/stream"
-_INFO_TYPES = ("appended", "ack", "ping", "pong", "info", "warning", "ready", "resumed")
+_INFO_TYPES = ("appended", "ack", "ping", "pong", "info", "warning", "ready", "going_away")
 
 
 class AsyncChatSession(ClientBase):
@@ -38,10 +39,19 @@ class AsyncChatSession(ClientBase):
     def __init__(self, base_url: str = "http://127.0.0.1:8000", **kw: Any) -> None:
         super().__init__(base_url, **kw)
         self._conn: WSConnection | None = None
-        self.session_id: str | None = None
-        self.resume_token: str | None = None
+        self._live = Resumable(self.cfg, CHAT_PATH)
+        self._acked = 0  # append/generate messages the server surely has (before the last done)
+        self._unacked: list[dict[str, Any]] = []  # messages sent after those, kept for resends
         self.ready_info: dict[str, Any] = {}
         self.reconnects = 0
+
+    @property
+    def session_id(self) -> str | None:
+        return self._live.session_id
+
+    @property
+    def resume_token(self) -> str | None:
+        return self._live.token
 
     async def __aenter__(self) -> AsyncChatSession:
         await self.open()
@@ -62,55 +72,47 @@ class AsyncChatSession(ClientBase):
         if ready.get("type") != "ready":
             raise ProtocolError(f"expected 'ready' after 'start', got {ready!r}")
         self.ready_info = ready
-        self.session_id = ready.get("session_id")
-        self.resume_token = ready.get("resume_token")
+        self._live.started(ready)
+        self._acked, self._unacked = 0, []
 
     async def close(self) -> None:
         if self._conn is not None:
             await self._conn.close()
             self._conn = None
 
-    async def _resume(self) -> None:
-        last: Exception | None = None
-        for attempt in range(1, self.cfg.max_reconnects + 1):
-            await asyncio.sleep(self.cfg.reconnect_backoff * 2 ** (attempt - 1))
-            conn = WSConnection(self.cfg, CHAT_PATH)
-            try:
-                await conn.open()
-                await conn.send_json(
-                    {
-                        "type": "resume",
-                        "session_id": self.session_id,
-                        "resume_token": self.resume_token,
-                    }
-                )
-                ready = await conn.recv()
-            except ConnectionFailed as exc:
-                last = exc
-                continue
-            if ready.get("type") not in ("ready", "resumed"):
-                raise ProtocolError(f"expected 'ready' after 'resume', got {ready!r}")
-            self.resume_token = ready.get("resume_token", self.resume_token)
-            self._conn = conn
-            self.reconnects += 1
-            return
-        raise ConnectionFailed(f"could not resume session {self.session_id}: {last}")
+    async def _recover(self, exc: Disconnected) -> None:
+        """Resume after a drop (or re-raise); re-send the messages the server did not get."""
+        self._live.check(exc)
+        if self._conn is not None:
+            await self._conn.close()
+        self._conn, ready = await self._live.resume()
+        self.reconnects += 1
+        received = ready.get("messages_received")
+        start = received - self._acked if isinstance(received, int) else 0
+        for msg in self._unacked[max(0, start) :]:
+            await self._conn.send_json(msg)
 
     async def _send(self, msg: dict[str, Any]) -> None:
-        """Send one message; if the link is down and the session is resumable, resume first."""
+        """Send one message (kept until a ``done`` proves it arrived); resume if the link is down."""
         if self._conn is None:
             raise ConnectionFailed("session is closed; call open()")
+        self._unacked.append(msg)
         try:
-            if not self._conn.is_open:
-                raise Disconnected(
-                    "connection is closed", self._conn._ws and self._conn._ws.close_code
-                )
             await self._conn.send_json(msg)
         except Disconnected as exc:
-            if not (exc.resumable and self.resume_token and self.cfg.max_reconnects > 0):
-                raise
-            await self._resume()
-            await self._conn.send_json(msg)
+            await self._recover(exc)  # re-sends msg unless the server had it
+
+    async def _recv(self) -> dict[str, Any]:
+        """Next new message of the session, resuming across drops."""
+        while True:
+            assert self._conn is not None
+            try:
+                msg = await self._conn.recv()
+            except Disconnected as exc:
+                await self._recover(exc)
+                continue
+            if self._live.fresh(msg):
+                return msg
 
     async def append(self, text: str) -> None:
         """Feed ``text`` into the session's state (prefill); no tokens are generated."""
@@ -123,13 +125,14 @@ class AsyncChatSession(ClientBase):
         seed, stop.
         """
         await self._send({"type": "generate", **sampling_body(**params)})
-        assert self._conn is not None
         while True:
-            msg = await self._conn.recv()
+            msg = await self._recv()
             kind = msg.get("type")
             if kind == "token":
                 yield TokenEvent.from_message(msg)
             elif kind == "done":
+                self._acked += len(self._unacked)  # the server has every message up to here
+                self._unacked = []
                 yield TokenEvent(
                     text="",
                     finish_reason=str(msg.get("finish_reason") or "stop"),

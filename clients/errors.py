@@ -126,7 +126,7 @@ def error_from_ws(msg: dict[str, Any], close_code: int | None = None) -> ServerE
     """Build the exception for a WebSocket ``{"type": "error"}`` message."""
     code = str(msg.get("code") or "server_error")
     message = str(msg.get("message") or code)
-    retry = msg.get("retry_after")
+    retry = msg.get("retry_after_s", msg.get("retry_after"))
     retry_after = float(retry) if isinstance(retry, int | float) else None
     cls = (
         Overloaded

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from clients._ws import ClientBase, Disconnected, WSConnection
+from clients._ws import ClientBase, Disconnected, Resumable, WSConnection
 from clients.audio import ENCODINGS, chunk_pcm, read_audio, to_pcm_bytes
 from clients.errors import ConnectionFailed, ProtocolError
 from clients.types import SpeechResult
@@ -102,10 +102,18 @@ class AsyncSpeechClient(ClientBase):
     def __init__(self, base_url: str = "http://127.0.0.1:8000", **kw: Any) -> None:
         super().__init__(base_url, **kw)
         self._conn: WSConnection | None = None
-        self.session_id: str | None = None
-        self.resume_token: str | None = None
+        self._live = Resumable(self.cfg, SPEECH_PATH)
         self.labels: list[str] = []
         self.reconnects = 0  # resumes performed over this client's life
+
+    @property
+    def session_id(self) -> str | None:
+        """Id of the current (or last) session."""
+        return self._live.session_id
+
+    @property
+    def resume_token(self) -> str | None:
+        return self._live.token
 
     async def __aenter__(self) -> AsyncSpeechClient:
         await self.connect()
@@ -187,7 +195,6 @@ class AsyncSpeechClient(ClientBase):
         await self.connect()
         await self._begin(start)
         t0 = time.monotonic()
-        attempts = 0
         finished = False
         try:
             while True:
@@ -200,16 +207,12 @@ class AsyncSpeechClient(ClientBase):
                             return
                     raise ProtocolError("results ended without a final")
                 except Disconnected as exc:
-                    if not (
-                        exc.resumable and self.resume_token and attempts < self.cfg.max_reconnects
-                    ):
-                        raise
-                    attempts += 1
+                    self._live.check(exc)  # raises unless the session can be resumed
                 finally:
                     sender.cancel()
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await sender
-                await self._resume(upload, attempts)
+                await self._resume(upload)
         finally:
             if not finished:
                 # left mid-session (an error, or the caller stopped iterating): the connection
@@ -223,8 +226,7 @@ class AsyncSpeechClient(ClientBase):
         ready = await self._conn.recv()
         if ready.get("type") != "ready":
             raise ProtocolError(f"expected 'ready' after 'start', got {ready!r}")
-        self.session_id = ready.get("session_id")
-        self.resume_token = ready.get("resume_token")
+        self._live.started(ready)
         self.labels = list(ready.get("labels") or [])
 
     async def _send(self, upload: _Upload, realtime: bool, t0: float) -> None:
@@ -260,41 +262,29 @@ class AsyncSpeechClient(ClientBase):
             if recv not in done:  # sender finished cleanly: keep reading
                 await asyncio.wait({recv})
             msg = recv.result()
+            if not self._live.fresh(msg):
+                continue  # replayed after a resume, already delivered
             kind = msg.get("type")
             if kind in ("partial", "final"):
                 result = SpeechResult.from_message(msg, self.session_id)
                 upload.ack_ms(result.audio_ms)
                 yield result
-            elif kind in ("ready", "resumed", "ping", "pong", "warning", "info"):
+            elif kind in ("going_away", "ready", "ping", "pong", "warning", "info"):
                 continue  # informational; ignored
             else:
                 raise ProtocolError(f"unexpected message during a speech session: {msg!r}")
 
-    async def _resume(self, upload: _Upload, attempt: int) -> None:
-        """Reconnect and resume the live session; re-send what the server did not get."""
-        await asyncio.sleep(self.cfg.reconnect_backoff * 2 ** (attempt - 1))
+    async def _resume(self, upload: _Upload) -> None:
+        """Reconnect and resume the live session; re-send the audio the server did not get."""
         if self._conn is not None:
             await self._conn.close()
-        self._conn = WSConnection(self.cfg, SPEECH_PATH)
-        try:
-            await self._conn.open()
-        except ConnectionFailed as exc:
-            raise Disconnected(f"reconnect failed: {exc}", 1006) from exc
-        await self._conn.send_json(
-            {"type": "resume", "session_id": self.session_id, "resume_token": self.resume_token}
-        )
-        ready = await self._conn.recv()
-        if ready.get("type") not in ("ready", "resumed"):
-            raise ProtocolError(f"expected 'ready' after 'resume', got {ready!r}")
-        self.resume_token = ready.get("resume_token", self.resume_token)
+        self._conn, ready = await self._live.resume()
         self.reconnects += 1
-        offset = upload.acked
-        if isinstance(ready.get("bytes_received"), int):
-            offset = ready["bytes_received"]
-        elif isinstance(ready.get("audio_ms"), int | float):
-            upload.ack_ms(float(ready["audio_ms"]))
+        offset = ready.get("bytes_received")
+        if not isinstance(offset, int):  # a server that reports only the audio processed
+            upload.ack_ms(float(ready.get("audio_ms") or 0.0))
             offset = upload.acked
         for data in upload.resend_from(offset):
             await self._conn.send_bytes(data)
-        if upload.done:
+        if upload.done and not ready.get("ended"):
             await self._conn.send_json({"type": "end"})
