@@ -27,10 +27,25 @@ function errorText(body, status) {
   return `HTTP ${status}: ${body || ""}`;
 }
 
+// ------------------------------------------------------------------ API key (optional)
+// Sent as "Authorization: Bearer <key>" on HTTP and as the WebSocket subprotocol "bearer.<key>"
+// (browsers cannot set headers on WebSockets); kept for this tab only (sessionStorage).
+function apiKey() {
+  return $("api-key").value.trim();
+}
+
+function authHeaders(extra = {}) {
+  return apiKey() ? { ...extra, Authorization: `Bearer ${apiKey()}` } : extra;
+}
+
+function wsProtocols() {
+  return apiKey() ? ["dlr.v1", `bearer.${apiKey()}`] : [];
+}
+
 // ------------------------------------------------------------------ models
 async function loadModels() {
   try {
-    const resp = await fetch("/v1/models");
+    const resp = await fetch("/v1/models", { headers: authHeaders() });
     const body = await resp.json();
     if (!resp.ok) throw new Error(errorText(body, resp.status));
     const items = Array.isArray(body) ? body : body.data || body.models || [];
@@ -130,7 +145,7 @@ async function startMic() {
 }
 
 function openSpeechSocket(rate) {
-  const ws = new WebSocket(wsUrl("/v1/speech/stream"));
+  const ws = new WebSocket(wsUrl("/v1/speech/stream"), wsProtocols());
   ws.binaryType = "arraybuffer";
   mic.ws = ws;
   mic.ready = false;
@@ -162,7 +177,9 @@ function openSpeechSocket(rate) {
     }
   };
   ws.onclose = (e) => {
-    if (!mic.stopping && e.code !== 1000) {
+    if (!mic.ready && !mic.stopping && e.code === 1006) {
+      report("speech session refused at the handshake (is an API key needed, or the server full?)");
+    } else if (!mic.stopping && e.code !== 1000) {
       report(`speech connection closed (code ${e.code}${e.reason ? `: ${e.reason}` : ""})`);
     }
     if (mic.ws === ws) teardownMic();
@@ -239,7 +256,7 @@ async function generate(ev) {
   try {
     const resp = await fetch("/v1/generate", {
       method: "POST",
-      headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
+      headers: authHeaders({ "Content-Type": "application/json", Accept: "text/event-stream" }),
       body: JSON.stringify(req),
       signal: genAbort.signal,
     });
@@ -285,4 +302,9 @@ $("mic-stop").addEventListener("click", stopMic);
 $("gen-form").addEventListener("submit", generate);
 $("gen-stop").addEventListener("click", () => genAbort && genAbort.abort());
 window.addEventListener("error", (e) => report(`page: ${e.message}`));
+$("api-key").value = sessionStorage.getItem("dlr-api-key") || "";
+$("api-key").addEventListener("change", () => {
+  sessionStorage.setItem("dlr-api-key", apiKey());
+  loadModels();
+});
 loadModels();

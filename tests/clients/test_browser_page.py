@@ -172,3 +172,30 @@ def test_page_shows_server_errors(browser, live_server):
     text = page.text_content("#errors")
     page.close()
     assert "max_new_tokens" in text
+
+
+def test_page_with_api_keys(browser, server_factory, models_dir):
+    server = server_factory(models_dir, api_keys="page-key-1")
+    page = browser.new_page()
+    page.goto(server.url + "/")  # the page itself is public
+    page.wait_for_function("document.querySelectorAll('#errors li').length > 0", timeout=15000)
+    assert "unauthorized" in page.text_content("#errors").lower()
+    page.fill("#api-key", "page-key-1")
+    page.dispatch_event("#api-key", "change")
+    page.wait_for_function("document.querySelectorAll('#speech-model option').length > 0")
+    page.click("#mic-start")  # WebSocket with the key as subprotocol
+    page.wait_for_function(
+        "/Listening at \\d+ Hz/.test(document.getElementById('speech-status').textContent)",
+        timeout=20000,
+    )
+    page.click("#mic-stop")
+    page.wait_for_function(
+        "document.getElementById('final-label').textContent !== '–'", timeout=20000
+    )
+    page.fill("#max-tokens", "5")
+    page.click("#gen-start")
+    page.wait_for_function(
+        "/finished/.test(document.getElementById('gen-status').textContent)", timeout=30000
+    )
+    assert len(page.text_content("#output")) > 0
+    page.close()

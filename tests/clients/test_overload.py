@@ -1,4 +1,4 @@
-"""A full server refuses new work; the clients raise Overloaded with the server's hints."""
+"""Admission: a full server refuses new work (Overloaded with the server's hints); API keys."""
 
 from __future__ import annotations
 
@@ -36,3 +36,23 @@ def test_full_server_refuses_with_overloaded(server_factory, models_dir, word_wa
             res = gen.generate("x", max_new_tokens=2, temperature=0)
         release.join()
         assert res.usage is not None and res.usage.completion_tokens == 2
+
+
+def test_api_key_is_sent_on_http_and_websockets(server_factory, models_dir, word_wav):
+    server = server_factory(models_dir, api_keys="k1,k2")
+    with GenerateClient(server.url) as anon, pytest.raises(ServerError) as e:
+        anon.models()
+    assert e.value.status == 401
+    with pytest.raises(ServerError) as e:
+        asyncio.run(AsyncSpeechClient(server.url).connect())
+    assert e.value.status == 401
+    with GenerateClient(server.url, api_key="k2") as gen:
+        assert gen.generate("x", max_new_tokens=2).usage.completion_tokens == 2
+
+    async def speech() -> str:
+        async with AsyncSpeechClient(server.url, api_key="k1") as c:
+            return (await c.recognize_file(word_wav)).label
+
+    assert asyncio.run(speech())
+    with ChatSession(server.url, api_key="k1") as chat:
+        assert chat.say("a", max_new_tokens=2).usage.completion_tokens == 2
