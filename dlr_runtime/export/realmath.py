@@ -62,6 +62,7 @@ class RealCore(nn.Module):
         c = rec.C.detach().to(cpu, torch.complex128)  # (L, H, N)
         self.register_buffer("lam_re", lam.real.to(dtype))
         self.register_buffer("lam_im", lam.imag.to(dtype))
+        self.b_is_one = [bool((b[i] == 1).all()) for i in range(b.shape[0])]  # DLR layers: B = 1
         self.register_buffer("B_re", b.real.to(dtype))
         self.register_buffer("B_im", b.imag.to(dtype))
         self.register_buffer("C_re", c.real.to(dtype))
@@ -109,8 +110,12 @@ class RealCore(nn.Module):
         for i, pw in enumerate(self.blocks):
             u = pw.pre(h).unsqueeze(-1)  # (B, H, 1)
             xr, xi = s_re[:, i], s_im[:, i]  # (B, H, N)
-            nr = self.lam_re[i] * xr - self.lam_im[i] * xi + self.B_re[i] * u  # (B, H, N)
-            ni = self.lam_re[i] * xi + self.lam_im[i] * xr + self.B_im[i] * u  # (B, H, N)
+            if self.b_is_one[i]:  # B = 1: fewer passes over the state (the step is memory-bound)
+                nr = self.lam_re[i] * xr - self.lam_im[i] * xi + u  # (B, H, N)
+                ni = self.lam_re[i] * xi + self.lam_im[i] * xr  # (B, H, N)
+            else:
+                nr = self.lam_re[i] * xr - self.lam_im[i] * xi + self.B_re[i] * u  # (B, H, N)
+                ni = self.lam_re[i] * xi + self.lam_im[i] * xr + self.B_im[i] * u  # (B, H, N)
             s = (self.C_re[i] * nr - self.C_im[i] * ni).sum(-1) + self.D[i] * u.squeeze(-1)
             h = self._post(pw, h, s)  # (B, H)
             res.append(nr)
@@ -145,8 +150,12 @@ class RealCore(nn.Module):
             lt = self.vout[i][..., t - 1]  # lam^T  (Hs, 2N)
             lr, li = lt[..., :n], lt[..., n:]  # (Hs, N)
             ar, ai = acc[..., :n], acc[..., n:]  # sum_s lam^(T-1-s) u_s  (B, H, N)
-            nr = lr * xr - li * xi + self.B_re[i] * ar - self.B_im[i] * ai  # (B, H, N)
-            ni = lr * xi + li * xr + self.B_re[i] * ai + self.B_im[i] * ar  # (B, H, N)
+            if self.b_is_one[i]:
+                nr = lr * xr - li * xi + ar  # (B, H, N)
+                ni = lr * xi + li * xr + ai  # (B, H, N)
+            else:
+                nr = lr * xr - li * xi + self.B_re[i] * ar - self.B_im[i] * ai  # (B, H, N)
+                ni = lr * xi + li * xr + self.B_re[i] * ai + self.B_im[i] * ar  # (B, H, N)
             h = self._post(pw, h, y.transpose(1, 2))  # (B, T, H)
             res.append(nr)
             ims.append(ni)

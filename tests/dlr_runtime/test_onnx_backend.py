@@ -92,6 +92,7 @@ def _check_state(be: OnnxBackend, s_onnx: dict, s_ref: dict, tol: float) -> None
 def test_real_twin_matches_recurrent(lm_model, cdtype):
     rec = to_recurrent(lm_model, cdtype)
     core = RealCore(rec, torch.float32 if cdtype == torch.complex64 else torch.float64, 8)
+    assert all(core.b_is_one)  # DLR layers: the B = 1 path
     state = rec.init_state(3)
     state["ssm"] = torch.randn_like(state["ssm"]) * 0.3
     re, im = state["ssm"].real.to(core.dtype), state["ssm"].imag.to(core.dtype)
@@ -104,6 +105,24 @@ def test_real_twin_matches_recurrent(lm_model, cdtype):
     y, r, i = LMStep(core)(x[:, 0], re, im)
     _close(y, y_ref, TOL[cdtype])
     _close(torch.complex(r, i), s_ref["ssm"], TOL[cdtype])
+
+
+@pytest.mark.parametrize("layer", ["s4d", "lru"])
+def test_real_twin_general_input_vector(layer):
+    """Layers whose B is not 1 (S4D, LRU) take the general complex-B path of the twin."""
+    cfg = DLRConfig(d_model=8, d_state=4, n_layers=2, vocab_size=20, layer=layer)
+    rec = to_recurrent(DLRModel(cfg, seed=0))
+    core = RealCore(rec, torch.float32, 8)
+    assert not any(core.b_is_one)
+    state = rec.init_state(2)
+    state["ssm"] = torch.randn_like(state["ssm"]) * 0.3
+    re, im = state["ssm"].real, state["ssm"].imag
+    x = torch.randint(0, 20, (2, 6))
+    for mod, xx in ((LMChunk(core), x), (LMStep(core), x[:, 0])):
+        y, r, i = mod(xx, re, im)
+        y_ref, s_ref = (rec.chunk if xx.dim() == 2 else rec.step)(xx, state)
+        _close(y, y_ref, 1e-5)
+        _close(torch.complex(r, i), s_ref["ssm"], 1e-5)
 
 
 def test_real_twin_rejects_bad_settings(lm_model):
