@@ -199,3 +199,30 @@ def test_lm_recipe_on_cuda_with_bfloat16_autocast(tmp_path: Path, text_dir: Path
     assert main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["hardware"]["gpu"] and 0 < summary["test"]["bpb"] < 12
+
+
+def test_speech_recipe_reads_the_speech_commands_layout(tmp_path: Path) -> None:
+    """`--data real` on a small folder in the v0.02 layout with the official split lists."""
+    sf = pytest.importorskip("soundfile")
+    import numpy as np
+
+    root = tmp_path / "speech_commands_v0.02"
+    rng = np.random.default_rng(0)
+    valid, test = [], []
+    for word in (*SC10_LABELS, "bed"):  # "bed" is not an SC10 word: ignored
+        (root / word).mkdir(parents=True)
+        for i in range(4):
+            name = f"{word}/spk{i}_nohash_0.wav"
+            sf.write(root / name, 0.1 * rng.standard_normal(8000).astype(np.float32), 16000)
+            (valid if i == 2 else test if i == 3 else []).append(name)
+    (root / "validation_list.txt").write_text("\n".join(valid) + "\n")
+    (root / "testing_list.txt").write_text("\n".join(test) + "\n")
+    out = tmp_path / "real"
+    argv = ["speech", "--data", "real", "--data-root", str(tmp_path), "--out-dir", str(out)]
+    argv += ["--batch-size", "5", "--epochs", "1", "--num-workers", "0", "--frame-stride", "800"]
+    argv += ["--stream-clips", "2", "--warmup", "1", *TINY_MODEL, *QUIET]
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 4  # 20 train clips (2 per word) // batch 5
+    assert summary["test"]["clips"] == 10.0 and "test_augmented" not in summary
+    assert summary["streaming"]["complex64"]["final_prediction_agreement"] == 1.0
