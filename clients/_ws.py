@@ -73,6 +73,7 @@ class ClientBase:
         connect_timeout: float = 10.0,
         read_timeout: float = 60.0,
         max_reconnects: int = 3,
+        resume_timeout: float = 60.0,
         config: ClientConfig | None = None,
     ) -> None:
         self.cfg = config or ClientConfig(
@@ -81,6 +82,7 @@ class ClientBase:
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
             max_reconnects=max_reconnects,
+            resume_timeout=resume_timeout,
         )
         self.model = model  # None: the server's first model of the needed kind
 

@@ -36,9 +36,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(models_dir: Path, log: Path, **settings: str) -> LiveServer:
-    """Start `python -m server.cli` on a free port; wait (<= 60 s) until /readyz says ready."""
-    port = free_port()
+def start_server(
+    models_dir: Path, log: Path, port: int | None = None, **settings: str
+) -> LiveServer:
+    """Start `python -m server.cli` (on a free port unless given); wait (<= 60 s) for /readyz."""
+    port = port or free_port()
     env = {
         **os.environ,
         "DLR_MODELS_DIR": str(models_dir),
@@ -86,9 +88,9 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     """Start more servers (other models or settings); all are stopped at the end."""
     started: list[LiveServer] = []
 
-    def start(models: Path, **settings: str) -> LiveServer:
+    def start(models: Path, port: int | None = None, **settings: str) -> LiveServer:
         log = tmp_path_factory.mktemp("server") / "server.log"
-        server = start_server(models, log, **settings)
+        server = start_server(models, log, port, **settings)
         started.append(server)
         return server
 

@@ -72,3 +72,32 @@ def test_chat_survives_drops_between_turns_and_mid_generation(live_server):
     assert first == ref_first
     assert "".join(p.text for p in pieces) == "".join(p.text for p in ref_pieces)
     assert pieces[-1].usage == ref_pieces[-1].usage
+
+
+def test_chat_resumes_across_a_server_restart(server_factory, models_dir, tmp_path):
+    """SIGTERM: the server drains, tells the client it is going away (resumable), persists the
+    session; a new server on the same port restores it and the client carries on by itself."""
+    state = tmp_path / "sessions"
+    first = server_factory(models_dir, state_dir=str(state))
+    port = int(first.url.rsplit(":", 1)[1])
+
+    async def reference() -> list[str]:
+        async with AsyncChatSession(first.url) as chat:
+            return [
+                (await chat.say(t, max_new_tokens=8, temperature=0)).text for t in ("One", " two")
+            ]
+
+    expected = asyncio.run(reference())
+
+    async def across_restart() -> tuple[list[str], int]:
+        async with AsyncChatSession(first.url, resume_timeout=90) as chat:
+            a = (await chat.say("One", max_new_tokens=8, temperature=0)).text
+            first.proc.terminate()  # graceful stop: drain + persist
+            await asyncio.to_thread(first.proc.wait, 30)
+            await asyncio.to_thread(server_factory, models_dir, port, state_dir=str(state))
+            b = (await chat.say(" two", max_new_tokens=8, temperature=0)).text
+            return [a, b], chat.reconnects
+
+    texts, reconnects = asyncio.run(across_restart())
+    assert texts == expected
+    assert reconnects == 1
