@@ -85,6 +85,7 @@ def test_draining_refuses_new_work_and_finishes_in_flight(models_dir, tmp_path):
     assert len(list((tmp_path / "state").glob("*.state"))) == 1
 
 
+@pytest.mark.slow  # a dlr-serve subprocess (or two) and tens of seconds of load
 def test_sigterm_mid_stream_then_restart_resumes_all(models_dir, tmp_path):
     state = tmp_path / "state"
     clips = [clip(i) for i in range(3)]

@@ -58,6 +58,7 @@ def reference_scores(path) -> torch.Tensor:
     return torch.softmax(rec.scores(state)[0].double(), -1)  # (C,)
 
 
+@pytest.mark.slow  # a dlr-serve subprocess (or two) and tens of seconds of load
 def test_one_hour_stream_correct_and_flat_memory(hour_model, tmp_path):
     n_msgs = HOUR_S // MSG_S
     srv = ServerProcess(
