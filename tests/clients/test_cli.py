@@ -12,6 +12,10 @@ import pytest
 
 from clients import GenerateClient, SpeechClient
 
+# complex64 state: scores of the same audio differ in float32 rounding with how it is chunked
+# and batched (well below what a lost or repeated 10 ms of audio changes)
+SCORE_TOL = 1e-5
+
 CLI = Path(sys.executable).parent / "dlr-client"
 
 
@@ -52,7 +56,8 @@ def test_speech_files_json_and_text(live_server, word_wav, tmp_path):
     finals = [r for r in rows if r["type"] == "final"]
     assert [r["file"] for r in finals] == [str(word_wav), str(flac)]
     assert all(
-        r["label"] == ref.label and r["score"] == pytest.approx(ref.score, abs=1e-6) for r in finals
+        r["label"] == ref.label and r["score"] == pytest.approx(ref.score, abs=SCORE_TOL)
+        for r in finals
     )
     assert any(r["type"] == "partial" for r in rows)
 

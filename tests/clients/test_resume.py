@@ -15,6 +15,10 @@ import pytest
 from clients import AsyncChatSession, AsyncSpeechClient
 from clients.audio import read_audio
 
+# complex64 state: scores of the same audio differ in float32 rounding with how it is chunked
+# and batched (well below what a lost or repeated 10 ms of audio changes)
+SCORE_TOL = 1e-5
+
 
 def drop(client) -> None:
     """Kill the client's connection abruptly (TCP abort, no WebSocket close)."""
@@ -44,7 +48,7 @@ def test_speech_stream_survives_a_dropped_connection(live_server, word_wav):
     got, reconnects, _ = asyncio.run(go(True))
     assert reconnects == 1
     assert got[-1].is_final and got[-1].label == ref[-1].label
-    assert got[-1].score == pytest.approx(ref[-1].score, abs=1e-6)
+    assert got[-1].score == pytest.approx(ref[-1].score, abs=SCORE_TOL)
     assert got[-1].audio_ms == pytest.approx(ref[-1].audio_ms, abs=1.0)
     ms = [r.audio_ms for r in got]
     assert ms == sorted(ms)  # no partial delivered twice or out of order

@@ -24,6 +24,10 @@ from clients import (
 from clients.audio import read_audio
 from dlr_runtime import load_recurrent
 
+# complex64 state: scores of the same audio differ in float32 rounding with how it is chunked
+# and batched (well below what a lost or repeated 10 ms of audio changes)
+SCORE_TOL = 1e-5
+
 LABELS = ["yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go"]
 
 
@@ -76,7 +80,7 @@ def test_realtime_pacing_sends_partials_as_audio_goes_out(live_server, word_wav)
     assert len(partial_ms) >= 3, partial_ms  # results arrived while audio was still going out
     assert partial_ms == sorted(partial_ms) and partial_ms[-1] <= 1000.0
     assert paced[-1].label == fast[-1].label
-    assert paced[-1].score == pytest.approx(fast[-1].score, abs=1e-6)
+    assert paced[-1].score == pytest.approx(fast[-1].score, abs=SCORE_TOL)
 
 
 def test_sessions_in_a_row_on_one_connection_and_encodings(live_server, word_wav):
@@ -94,7 +98,7 @@ def test_sessions_in_a_row_on_one_connection_and_encodings(live_server, word_wav
     a, sid_a, b, c_final, sid_c = run(go())
     assert a.label == b.label == c_final.label
     assert b.score == pytest.approx(a.score, abs=1e-3)  # f32 vs s16 quantisation
-    assert c_final.score == pytest.approx(a.score, abs=1e-6)
+    assert c_final.score == pytest.approx(a.score, abs=SCORE_TOL)
     assert sid_a != sid_c  # each stream is its own session
 
 
@@ -110,7 +114,7 @@ def test_sync_client_matches_async(live_server, word_wav):
         assert c.labels == LABELS
     assert results[-1].is_final
     assert results[-1].label == again.label == ref.label
-    assert again.score == pytest.approx(ref.score, abs=1e-6)
+    assert again.score == pytest.approx(ref.score, abs=SCORE_TOL)
 
 
 def test_server_errors_carry_code_and_close_code(live_server, word_wav):
