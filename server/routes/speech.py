@@ -170,7 +170,7 @@ class SpeechSession(LiveSession):
                 self.sender = None  # (finish must not cancel this task)
                 await self._fail(self.conn, "internal_error", str(s.error))
                 return
-            if s.latest is not None and not self.ended:
+            if s.latest is not None:
                 await self.emit(self.message("partial", s.latest))
                 last = time.perf_counter()
 
