@@ -72,6 +72,10 @@ class RecurrentModel(nn.Module):
         self.register_buffer("C", torch.stack([_hn(p.C, h, n) for p in params]).to(dtype))
         self.register_buffer("D", torch.stack([p.D.detach() for p in params]).to(self.rdtype))
         self.b_is_one = [bool((p.B == 1).all()) for p in params]  # DLR: B = 1, skip the product
+        c = self.C.to(torch.complex128)
+        pairs = torch.stack([c.real, -c.imag], dim=-1).reshape(c.shape[0], h, 2 * n)
+        # C as interleaved (re, -im) pairs: Re(sum_n C x) = <view_as_real(x), pairs>
+        self.register_buffer("c_pairs", pairs.to(self.rdtype), persistent=False)  # (L, H, 2N)
         self._consts: OrderedDict[tuple, dict[str, torch.Tensor]] = OrderedDict()
         self.requires_grad_(False)
 
@@ -200,14 +204,19 @@ class RecurrentModel(nn.Module):
     # ------------------------------------------------------------------ the stack
     def _core_step(self, h: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
         """One position h (B, H) through all layers and the head."""
-        xs = []
+        ssm_in = state["ssm"]
+        ssm_out = torch.empty_like(ssm_in)  # each layer writes its new state in place
+        bsz, _, hdim, n = ssm_in.shape
         for i, pw in enumerate(self.blocks):
             u = pw.pre(h)  # (B, H)
-            x = self.lam[i] * state["ssm"][:, i] + self.B[i] * u.unsqueeze(-1)  # (B, H, N)
-            s = (self.C[i] * x).real.sum(-1) + self.D[i] * u  # (B, H)
+            bu = u.unsqueeze(-1).to(self.cdtype)  # (B, H, 1)
+            if not self.b_is_one[i]:
+                bu = self.B[i] * bu  # (B, H, N)
+            x = torch.addcmul(bu, self.lam[i], ssm_in[:, i], out=ssm_out[:, i])  # lam x + B u
+            xr = torch.view_as_real(x).reshape(bsz, hdim, 2 * n)  # (B, H, 2N), a view
+            s = (xr * self.c_pairs[i]).sum(-1) + self.D[i] * u  # Re(sum_n C x) + D u  (B, H)
             h = pw.post(h, s)
-            xs.append(x)
-        state["ssm"] = torch.stack(xs, dim=1)
+        state["ssm"] = ssm_out
         f = self.head.features(h)
         if self.config.decoder == "classifier":
             state["mean_sum"] = state["mean_sum"] + f.double()
