@@ -170,8 +170,8 @@ class SpeechSession(LiveSession):
                 self.sender = None  # (finish must not cancel this task)
                 await self._fail(self.conn, "internal_error", str(s.error))
                 return
-            if s.latest is not None:
-                await self.emit(self.message("partial", s.latest))
+            if s.latest is not None:  # (shielded: a numbered message is never half-sent)
+                await asyncio.shield(self.emit(self.message("partial", s.latest)))
                 last = time.perf_counter()
 
     async def stop_partials(self) -> None:
