@@ -73,3 +73,57 @@ def test_bad_blobs_refused(engines):
         sp.restore(s, blob)
     lm.close(a)
     sp.close(s)
+
+
+def test_well_formed_blobs_with_impossible_values_refused(engines):
+    """A blob with a valid digest (anyone can recompute sha256) but values no run produces is
+    refused, so it can never fail the batches it would join."""
+    from dlr_runtime.engine import snapshot as snap
+
+    _, eng = engines
+    a = eng.open()
+    row = {k: v.clone() for k, v in eng.pool.row(a).items()}
+    bad_rows = []
+    r = {k: v.clone() for k, v in row.items()}
+    r["ssm"].view(-1)[0] = complex(float("nan"), 0)
+    bad_rows.append((r, "non-finite"))
+    r = {k: v.clone() for k, v in row.items()}
+    r["frame_fill"].fill_(eng.config.frame_stride)
+    bad_rows.append((r, "frame_fill"))
+    r = {k: v.clone() for k, v in row.items()}
+    r["mean_count"].fill_(-1)
+    bad_rows.append((r, "mean_count"))
+    for r, why in bad_rows:
+        blob = snap.pack(eng.name, eng.config_hash, r)
+        with pytest.raises(SnapshotError, match=why):
+            eng.restore(a, blob)
+    eng.close(a)
+
+
+def test_weights_hash_ties_blobs_to_the_weights(models_dir, engines):
+    _, eng = engines
+    sp = load_recurrent(models_dir / SPEECH_NAME)
+    other = Engine(make_backend(sp, "torch"), SPEECH_NAME, 2, weights_hash="other weights")
+    assert other.config_hash != eng.config_hash
+    a = eng.open()
+    blob = eng.snapshot(a)
+    b = other.open()
+    with pytest.raises(SnapshotError, match="different config"):
+        other.restore(b, blob)
+    eng.close(a)
+
+
+def test_resampler_state_round_trip_continues_exactly():
+    from dlr_runtime.engine import StreamResampler
+
+    x = torch.randn(44100)  # (L,) 1 s at 44.1 kHz
+    whole = StreamResampler(44100, 16000)
+    out_a = [whole.push(x[:10007]), whole.push(x[10007:])]
+    first = StreamResampler(44100, 16000)
+    head = first.push(x[:10007])
+    moved = StreamResampler.from_state(first.state_dict())
+    out_b = [head, moved.push(x[10007:])]
+    assert torch.equal(torch.cat(out_a), torch.cat(out_b))
+    assert torch.equal(whole.flush(), moved.flush())
+    with pytest.raises(ValueError):
+        StreamResampler.from_state({"orig": 44100})

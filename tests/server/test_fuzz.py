@@ -191,7 +191,7 @@ def test_websocket_fuzz(fuzz_server):
     bg = Background(srv, audio)
     bg.thread.start()
 
-    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
     @given(frames=frames, path=st.sampled_from([SPEECH, TEXT]))
     def fuzz(frames, path):
         check(asyncio.run(play(srv.ws, path, frames)))
