@@ -149,7 +149,7 @@ def fuzz_server(models_dir):
 
 
 async def play(url: str, path: str, frames: list) -> list[tuple]:
-    """Send the frames; read everything until the server closes or 3 s pass idle."""
+    """Send the frames; read everything until the server closes or 1 s passes idle."""
     got: list[tuple] = []
     async with websockets.connect(url + path, max_size=None, close_timeout=2) as ws:
         for f in frames:
@@ -157,7 +157,7 @@ async def play(url: str, path: str, frames: list) -> list[tuple]:
                 await ws.send(f)
         try:
             while True:
-                got.append(("msg", json.loads(await asyncio.wait_for(ws.recv(), 3.0))))
+                got.append(("msg", json.loads(await asyncio.wait_for(ws.recv(), 1.0))))
         except TimeoutError:
             got.append(("open", None))
         except websockets.ConnectionClosed:
@@ -191,7 +191,7 @@ def test_websocket_fuzz(fuzz_server):
     bg = Background(srv, audio)
     bg.thread.start()
 
-    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
     @given(frames=frames, path=st.sampled_from([SPEECH, TEXT]))
     def fuzz(frames, path):
         check(asyncio.run(play(srv.ws, path, frames)))
