@@ -152,7 +152,9 @@ async def speech_session(url: str, stop_at: float, k: int, clips: list[bytes], s
     while time.monotonic() < stop_at:
         data = clips[k % len(clips)]
         try:
-            async with websockets.connect(url + "/v1/speech/stream", open_timeout=30) as ws:
+            async with websockets.connect(
+                url + "/v1/speech/stream", open_timeout=30, compression=None
+            ) as ws:
                 await ws.send(json.dumps({"type": "start", "sample_rate": RATE}))
                 ready = json.loads(await asyncio.wait_for(ws.recv(), 30))
                 if ready.get("type") != "ready":
@@ -214,7 +216,9 @@ async def gen_session(url: str, stop_at: float, k: int, tokens: int, st: Stats) 
     while time.monotonic() < stop_at:
         prompt = f"soak prompt {k % 5}: "
         try:
-            async with websockets.connect(url + "/v1/generate/stream", open_timeout=30) as ws:
+            async with websockets.connect(
+                url + "/v1/generate/stream", open_timeout=30, compression=None
+            ) as ws:
                 await ws.send(json.dumps({"type": "start"}))
                 ready = json.loads(await asyncio.wait_for(ws.recv(), 30))
                 if ready.get("type") != "ready":

@@ -54,6 +54,7 @@ def uvicorn_config(app, settings: Settings, **kw) -> uvicorn.Config:
         ws_max_queue=8,  # frames buffered per socket while a session is held back
         ws_ping_interval=settings.ws_ping_interval_s,
         ws_ping_timeout=settings.ws_ping_timeout_s,
+        ws_per_message_deflate=settings.ws_compression,
         timeout_graceful_shutdown=settings.drain_timeout_s + 5,
         lifespan="on",
     )

@@ -92,6 +92,10 @@ class Settings(BaseSettings):
     ws_ping_timeout_s: float = Field(
         30.0, gt=0, description="close a WebSocket whose pong is this late"
     )
+    ws_compression: bool = Field(
+        False,
+        description="permessage-deflate on WebSockets (costs CPU; PCM audio barely compresses)",
+    )
     # ---- security
     api_keys: str = Field(
         "",
