@@ -50,7 +50,9 @@ def test_speech_files_json_and_text(live_server, word_wav, tmp_path):
     sf.write(flac, x, rate)
     with SpeechClient(live_server.url) as c:
         ref = c.recognize_file(word_wav)
-    out = cli(live_server.url, "speech", "--json", "--chunk-ms", "50", str(word_wav), str(flac))
+    # real-time pacing: partials are throttled in time, so a burst may get only the final
+    args = ("speech", "--json", "--realtime", "--chunk-ms", "50", str(word_wav), str(flac))
+    out = cli(live_server.url, *args)
     assert out.returncode == 0, out.stderr
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     finals = [r for r in rows if r["type"] == "final"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -144,7 +145,13 @@ def test_metrics_exposed(client):
     ):
         assert name in text, name
     assert f'dlr_generated_tokens_total{{model="{LM_NAME}"}} 3.0' in text
-    assert f'dlr_pool_slots_in_use{{model="{LM_NAME}"}} 0.0' in text
+    # the slot is freed by the scheduler just after the response is sent: allow it a moment
+    freed = f'dlr_pool_slots_in_use{{model="{LM_NAME}"}} 0.0'
+    deadline = time.monotonic() + 5.0
+    while freed not in text and time.monotonic() < deadline:
+        time.sleep(0.05)
+        text = client.get("/metrics").text
+    assert freed in text
 
 
 def test_session_log_lines(client, caplog):
