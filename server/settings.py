@@ -22,7 +22,10 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535, description="TCP port (0 = any free port)")
     models_dir: Path = Field(DEFAULT_MODELS_DIR, description="one checkpoint directory per model")
     device: str = Field("auto", description="auto (cuda when available), cpu, cuda, cuda:N")
-    backend: Literal["auto", "torch", "onnx"] = Field("auto", description="inference backend")
+    backend: Literal["auto", "torch", "onnx"] = Field(
+        "torch",
+        description="inference backend: torch, onnx, or auto (time both at startup, keep the faster)",
+    )
     state_dtype: Literal["complex64", "complex128"] = Field(
         "complex64", description="dtype of the recurrent state"
     )

@@ -5,11 +5,11 @@
 - "torch": the `RecurrentModel` itself (it already has the backend methods), named "torch".
 - "onnx": an ONNX Runtime session built from it (`dlr_runtime.backends.onnx.OnnxBackend`),
   imported lazily so torch-only installs never load onnxruntime.
-- "auto": on CUDA, `FastTorchBackend` (the decode step replayed as a CUDA graph per batch
-  size, same state layout as "torch"); on CPU, "torch". `autoselect.pick_fastest` can time the
-  candidates, but "auto" does not pick ONNX on its own yet: its state layout (real/imaginary
-  pairs) differs from torch's, so session snapshots would not move between replicas that
-  chose differently. Ask for "onnx" explicitly to use it.
+- "auto": measure and take the fastest for this model on this device
+  (`autoselect.pick_fastest`): on CUDA between `FastTorchBackend` (the decode step replayed as
+  a CUDA graph per batch size) and ONNX Runtime, on CPU between torch and ONNX Runtime. Building
+  the ONNX candidate exports the model, which adds seconds to startup. Engine snapshots always
+  use the torch layout, so sessions move between replicas whatever each one picked.
 """
 
 from __future__ import annotations
@@ -25,11 +25,15 @@ def make_backend(rec: RecurrentModel, name: str = "auto", **options: Any) -> Any
     """Return a backend for `rec`; `options` go to the backend's constructor (onnx only)."""
     if name not in BACKEND_NAMES:
         raise ValueError(f"unknown backend {name!r}; expected one of {BACKEND_NAMES}")
-    if name == "auto" and rec.device.type == "cuda":
-        from .torch_compiled import FastTorchBackend  # noqa: PLC0415
+    if name == "auto":
+        from .autoselect import pick_fastest  # noqa: PLC0415
 
-        return FastTorchBackend.from_recurrent(rec, **options)
-    if name in ("torch", "auto"):
+        candidates = ("torch-fast", "onnx") if rec.device.type == "cuda" else ("torch", "onnx")
+        _, backend, _ = pick_fastest(rec, candidates)
+        if backend is rec:
+            rec.name = "torch"
+        return backend
+    if name == "torch":
         if options:
             raise ValueError(f"the torch backend takes no options, got {sorted(options)}")
         rec.name = "torch"

@@ -65,10 +65,12 @@ class Engine:
         if self.kind == "lm":
             self.tokenizer = ByteTokenizer.from_metadata(metadata, self.config.vocab_size)
         self._fill = [0] * max_sessions  # host copy of each slot's samples pending in a frame
-        like = {k: v[0] for k, v in self.pool.state.items()}
+        # snapshots always hold the torch (RecurrentModel) layout, whatever the backend keeps in
+        # its pool, so a session moves between replicas that picked different backends
+        canon = self._to_canonical({k: v[:1] for k, v in self.pool.state.items()})
         # ties snapshots to this architecture, state layout and (when given) these weights
-        self.config_hash = snap.config_hash(self.config, self.pool.state, weights_hash)
-        self._row_like = like
+        self.config_hash = snap.config_hash(self.config, canon, weights_hash)
+        self._row_like = {k: v[0] for k, v in canon.items()}
 
     # ------------------------------------------------------------------ sessions
     @property
@@ -193,7 +195,24 @@ class Engine:
     # ------------------------------------------------------------------ snapshot / restore
     def snapshot(self, slot: int, extra: dict | None = None) -> bytes:
         """One slot's state (plus caller data `extra`, JSON-serialisable) as checked bytes."""
-        return snap.pack(self.name, self.config_hash, self.pool.row(slot), extra)
+        row = self._to_canonical({k: v.unsqueeze(0) for k, v in self.pool.row(slot).items()})
+        return snap.pack(self.name, self.config_hash, {k: v[0] for k, v in row.items()}, extra)
+
+    def _to_canonical(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Backend state layout -> RecurrentModel's (complex "ssm"); identity for torch."""
+        convert = getattr(self.backend, "to_torch_state", None)
+        if convert is None:
+            return state
+        cdtype = (
+            torch.complex128
+            if getattr(self.backend, "dtype", None) == torch.float64
+            else torch.complex64
+        )
+        return convert(state, cdtype)
+
+    def _to_native(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        convert = getattr(self.backend, "from_torch_state", None)
+        return state if convert is None else convert(state)
 
     def restore(self, slot: int, blob: bytes) -> dict:
         """Load a snapshot into an allocated slot; returns its `extra`. Raises SnapshotError."""
@@ -201,7 +220,8 @@ class Engine:
         row, extra = snap.unpack(blob, self.name, self.config_hash, self._row_like)
         self._check_row(row)
         idx = self.pool.index([slot])
-        self.pool.scatter(idx, {k: v.unsqueeze(0).to(self.device) for k, v in row.items()})
+        native = self._to_native({k: v.unsqueeze(0).to(self.device) for k, v in row.items()})
+        self.pool.scatter(idx, native)
         if "frame_fill" in row:
             self._fill[slot] = int(row["frame_fill"])
         return extra

@@ -44,3 +44,35 @@ def test_audio_matches() -> None:
         for ya, yb in zip(a.feed_audio(sa, chunks), b.feed_audio(sb, chunks), strict=True):
             torch.testing.assert_close(yb, ya, rtol=0, atol=1e-4)
     torch.testing.assert_close(b.scores(sb), a.scores(sa), rtol=0, atol=1e-4)
+
+
+def test_snapshots_move_between_backends() -> None:
+    """A session snapshotted on an ONNX engine continues on a torch engine (and back) exactly
+    as if it had stayed: snapshots always hold the torch state layout."""
+    cfg = DLRConfig(
+        d_model=16, d_state=8, n_layers=2, encoder="audio", decoder="classifier",
+        labels=["yes", "no", "up"], frame_stride=40,
+    )  # fmt: skip
+    a, b = engines(cfg)
+    assert a.config_hash == b.config_hash
+    g = torch.Generator().manual_seed(1)
+    first, second = 0.1 * torch.randn(130, generator=g), 0.1 * torch.randn(170, generator=g)
+    sa, sb = a.open(), b.open()
+    a.feed_audio([sa], [first])
+    b.feed_audio([sb], [first])
+    from_onnx, from_torch = b.snapshot(sb), a.snapshot(sa)
+    ta, tb = a.open(), b.open()
+    a.restore(ta, from_onnx)  # onnx -> torch
+    b.restore(tb, from_torch)  # torch -> onnx
+    want = a.feed_audio([sa], [second])[0]  # the session that never moved
+    torch.testing.assert_close(a.feed_audio([ta], [second])[0], want, rtol=0, atol=1e-4)
+    torch.testing.assert_close(b.feed_audio([tb], [second])[0], want, rtol=0, atol=1e-4)
+
+
+def test_auto_picks_a_working_backend_by_measuring() -> None:
+    rec = to_recurrent(DLRModel(DLRConfig(d_model=8, d_state=4, n_layers=1), seed=0).eval())
+    backend = make_backend(rec, "auto")
+    assert backend.name in ("torch", "onnx")
+    y, _ = backend.step(torch.tensor([1, 2]), backend.init_state(2))
+    want, _ = rec.step(torch.tensor([1, 2]), rec.init_state(2))
+    torch.testing.assert_close(y, want, rtol=0, atol=1e-4)
