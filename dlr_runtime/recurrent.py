@@ -142,24 +142,12 @@ class RecurrentModel(nn.Module):
 
     # ------------------------------------------------------------------ audio framing
     def _audio_step(self, x_t: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
-        stride = self.config.frame_stride
-        rows = torch.arange(x_t.shape[0], device=x_t.device)
-        buf = state["frame_buf"].clone()
-        buf[rows, state["frame_fill"]] = x_t
-        fill = state["frame_fill"] + 1
-        done = fill == stride  # (B,)
-        # canonical state: a completed frame's buffer is zeroed, as chunk() leaves it
-        state["frame_buf"] = torch.where(done.unsqueeze(-1), 0.0, buf).to(buf.dtype)
-        state["frame_fill"] = torch.where(done, 0, fill)
-        if bool(done.all()):
-            _, state = self._core_step(self.encoder.encode_frames(buf), state)
-        elif bool(done.any()):
-            idx = done.nonzero().squeeze(-1)
-            sub = {k: v[idx] for k, v in state.items()}
-            _, sub = self._core_step(self.encoder.encode_frames(buf[idx]), sub)
-            for k in ("ssm", "mean_sum", "mean_count"):
-                if k in sub:
-                    state[k] = state[k].index_copy(0, idx, sub[k])
+        buf, done = push_sample(state, x_t, self.config.frame_stride)
+
+        def run(frames: torch.Tensor, sub: State) -> State:
+            return self._core_step(self.encoder.encode_frames(frames), sub)[1]
+
+        state = advance_completed(state, buf, done, run)
         return self.scores(state), state
 
     def _audio_chunk(self, x: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
@@ -190,15 +178,7 @@ class RecurrentModel(nn.Module):
     def _audio_chunk_aligned(
         self, x: torch.Tensor, state: State, fill: int
     ) -> tuple[torch.Tensor, State]:
-        stride = self.config.frame_stride
-        samples = torch.cat([state["frame_buf"][:, :fill], x], dim=1)  # (B, fill + T)
-        n_frames = samples.shape[1] // stride
-        rest = samples[:, n_frames * stride :]  # (B, < stride)
-        buf = torch.zeros_like(state["frame_buf"])
-        buf[:, : rest.shape[1]] = rest
-        state["frame_buf"] = buf
-        state["frame_fill"] = torch.full_like(state["frame_fill"], rest.shape[1])
-        frames = samples[:, : n_frames * stride].reshape(x.shape[0], n_frames, stride)
+        frames = take_frames(state, x, fill, self.config.frame_stride)  # (B, F, stride)
         return self._core_chunk(self.encoder.encode_frames(frames), state)
 
     # ------------------------------------------------------------------ the stack
@@ -342,6 +322,53 @@ class RecurrentModel(nn.Module):
     def _apply(self, fn, recurse=True):  # device/dtype moves invalidate the cached constants
         self._consts = OrderedDict()
         return super()._apply(fn, recurse)
+
+
+FRAMING_KEYS = ("frame_buf", "frame_fill")
+
+
+def push_sample(state: State, x_t: torch.Tensor, stride: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Append one audio sample per stream to its frame buffer, updating `state` in the dict.
+
+    Returns (buf (B, stride), done (B,)): the buffers with the new sample, and which streams
+    completed a frame. A completed frame's buffer is zeroed in the state (canonical state, as
+    `take_frames` leaves it), so the caller runs `buf[done]` through its model.
+    """
+    rows = torch.arange(x_t.shape[0], device=x_t.device)
+    buf = state["frame_buf"].clone()
+    buf[rows, state["frame_fill"]] = x_t
+    fill = state["frame_fill"] + 1
+    done = fill == stride  # (B,)
+    state["frame_buf"] = torch.where(done.unsqueeze(-1), 0.0, buf).to(buf.dtype)
+    state["frame_fill"] = torch.where(done, 0, fill)
+    return buf, done
+
+
+def advance_completed(state: State, frames: torch.Tensor, done: torch.Tensor, run) -> State:
+    """Run `run(frames, sub_state) -> sub_state` on the rows that completed a frame and write
+    every non-framing state tensor of those rows back; other rows are left as they are."""
+    if bool(done.all()):
+        return run(frames, state)
+    if bool(done.any()):
+        idx = done.nonzero().squeeze(-1)
+        sub = run(frames[idx], {k: v[idx] for k, v in state.items()})
+        for k in state:
+            if k not in FRAMING_KEYS:
+                state[k] = state[k].index_copy(0, idx, sub[k])
+    return state
+
+
+def take_frames(state: State, x: torch.Tensor, fill: int, stride: int) -> torch.Tensor:
+    """Join the pending samples (all rows hold `fill`) with x (B, T); return the complete
+    frames (B, F, stride) and keep the remainder as the new pending samples in `state`."""
+    samples = torch.cat([state["frame_buf"][:, :fill], x], dim=1)  # (B, fill + T)
+    n_frames = samples.shape[1] // stride
+    rest = samples[:, n_frames * stride :]  # (B, < stride)
+    buf = torch.zeros_like(state["frame_buf"])
+    buf[:, : rest.shape[1]] = rest
+    state["frame_buf"] = buf
+    state["frame_fill"] = torch.full_like(state["frame_fill"], rest.shape[1])
+    return samples[:, : n_frames * stride].reshape(x.shape[0], n_frames, stride)
 
 
 def _hn(t: torch.Tensor, h: int, n: int) -> torch.Tensor:

@@ -16,7 +16,7 @@ newly allocated state tensors.
 
 Graphs (see `dlr_runtime.export.onnx_export`): `step` (one position), `chunk` (1..max_chunk
 positions; longer inputs are cut into blocks here), `scores` (classifiers). Audio graphs take
-whole frames; the per-sample framing below mirrors `RecurrentModel._audio_step/_audio_chunk`.
+whole frames; the per-sample framing is the runtime's own (`push_sample`, `take_frames`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch
 
 from ..config import DLRConfig
 from ..export.onnx_export import export_onnx, read_manifest
-from ..recurrent import RecurrentModel
+from ..recurrent import RecurrentModel, advance_completed, push_sample, take_frames
 
 State = dict[str, torch.Tensor]
 
@@ -274,23 +274,8 @@ class OnnxBackend:
 
     # ------------------------------------------------------------------ audio framing
     def _audio_step(self, x_t: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
-        stride = self.config.frame_stride
-        rows = torch.arange(x_t.shape[0], device=x_t.device)
-        buf = state["frame_buf"].clone()
-        buf[rows, state["frame_fill"]] = x_t
-        fill = state["frame_fill"] + 1
-        done = fill == stride  # (B,)
-        # canonical state, as RecurrentModel leaves it: a completed frame's buffer is zeroed
-        state["frame_buf"] = torch.where(done.unsqueeze(-1), 0.0, buf).to(buf.dtype)
-        state["frame_fill"] = torch.where(done, 0, fill)
-        if bool(done.all()):
-            _, state = self._run("step", buf, state)
-        elif bool(done.any()):
-            idx = done.nonzero().squeeze(-1)
-            sub = {k: v[idx] for k, v in state.items()}
-            _, sub = self._run("step", buf[idx], sub)
-            for k in ("ssm_re", "ssm_im", "mean_sum", "mean_count"):
-                state[k] = state[k].index_copy(0, idx, sub[k])
+        buf, done = push_sample(state, x_t, self.config.frame_stride)
+        state = advance_completed(state, buf, done, lambda fr, sub: self._run("step", fr, sub)[1])
         return self.scores(state), state
 
     # Streams at different offsets inside a frame are processed per offset group exactly as in
@@ -300,15 +285,7 @@ class OnnxBackend:
     def _audio_chunk_aligned(
         self, x: torch.Tensor, state: State, fill: int
     ) -> tuple[torch.Tensor, State]:
-        stride = self.config.frame_stride
-        samples = torch.cat([state["frame_buf"][:, :fill], x], dim=1)  # (B, fill + T)
-        n_frames = samples.shape[1] // stride
-        rest = samples[:, n_frames * stride :]  # (B, < stride)
-        buf = torch.zeros_like(state["frame_buf"])
-        buf[:, : rest.shape[1]] = rest
-        state["frame_buf"] = buf
-        state["frame_fill"] = torch.full_like(state["frame_fill"], rest.shape[1])
-        frames = samples[:, : n_frames * stride].reshape(x.shape[0], n_frames, stride)
+        frames = take_frames(state, x, fill, self.config.frame_stride)  # (B, F, stride)
         return self._positions(frames, state)
 
     def describe(self) -> dict[str, Any]:

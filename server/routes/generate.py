@@ -124,6 +124,15 @@ def _usage(prompt_tokens: int, completion_tokens: int, total: bool = False) -> d
     return u
 
 
+def _overloaded(st) -> Response:
+    return api_error(
+        429,
+        "no free session slot; retry later",
+        "overloaded",
+        headers={"Retry-After": str(st.settings.retry_after_s)},
+    )
+
+
 def _sse(obj: dict | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
 
@@ -136,12 +145,7 @@ async def generate(req: GenerateRequest, st: StateDep) -> Response:
     events = _events(st, m, req.prompt, req, req.max_new_tokens)
     first = await anext(events)
     if first[0] == "error":
-        return api_error(
-            429,
-            "no free session slot; retry later",
-            "overloaded",
-            headers={"Retry-After": str(st.settings.retry_after_s)},
-        )
+        return _overloaded(st)
     _, seed, n_prompt = first
     if not req.stream:
         text = []
@@ -212,12 +216,7 @@ async def completions(req: CompletionRequest, st: StateDep) -> Response:
     events = _events(st, m, req.prompt, req, req.max_tokens)
     first = await anext(events)
     if first[0] == "error":
-        return api_error(
-            429,
-            "no free session slot; retry later",
-            "overloaded",
-            headers={"Retry-After": str(st.settings.retry_after_s)},
-        )
+        return _overloaded(st)
     n_prompt = first[2]
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
