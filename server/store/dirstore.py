@@ -60,6 +60,9 @@ class DirStore(StateStore):
 
     # ---- StateStore
     async def _put_many(self, items: list[PutItem]) -> list[PutResult]:
+        return await _shielded(self._put_locked(items))
+
+    async def _put_locked(self, items: list[PutItem]) -> list[PutResult]:
         self._require_open()
         last = {it.key: it for it in items}  # a batch writes each key once, its latest data
         async with self._lock:
@@ -88,6 +91,9 @@ class DirStore(StateStore):
         return Entry(self._ix.get(key, now), data)
 
     async def _delete(self, key: str) -> bool:
+        return await _shielded(self._delete_locked(key))
+
+    async def _delete_locked(self, key: str) -> bool:
         self._require_open()
         async with self._lock:
             live = self._ix.get(key, self._clock()) is not None
@@ -96,6 +102,9 @@ class DirStore(StateStore):
             return live
 
     async def _touch(self, key: str, ttl_s: float | None) -> bool:
+        return await _shielded(self._touch_locked(key, ttl_s))
+
+    async def _touch_locked(self, key: str, ttl_s: float | None) -> bool:
         self._require_open()
         async with self._lock:
             now = self._clock()
@@ -206,3 +215,10 @@ class DirStore(StateStore):
     def _require_open(self) -> None:
         if not self._opened:
             raise RuntimeError("DirStore.open() was not awaited")
+
+
+async def _shielded(coro):
+    """Run a locked file operation to its end even when the caller is cancelled (a timeout):
+    its worker thread cannot be stopped, so the lock is held and the index updated until the
+    files are in place, and a retry never races an earlier write of the same session."""
+    return await asyncio.shield(asyncio.ensure_future(coro))

@@ -32,6 +32,10 @@ class LruIndex:
         """Live entries, least recently used first."""
         return (i for i in self._od.values() if not is_expired(i, now))
 
+    def oldest(self) -> EntryInfo:
+        """The least recently used entry (expired or not); the index must not be empty."""
+        return next(iter(self._od.values()))
+
     def get(self, key: str, now: float) -> EntryInfo | None:
         info = self._od.get(key)
         return None if info is None or is_expired(info, now) else info

@@ -8,6 +8,7 @@ a temporary directory; it is stopped after the session (or the test, for `redis_
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import socket
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from server.store import StateStore, StoreLimits, open_store
+from server.store import StateStore, StoreLimits, StoreUnavailable, open_store
 
 REDIS_BIN = shutil.which("redis-server")
 needs_redis = pytest.mark.skipif(REDIS_BIN is None, reason="redis-server is not installed")
@@ -135,3 +136,56 @@ async def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
     yield make
     for s in opened:
         await s.close()
+
+
+class FlakyStore(StateStore):
+    """Fault injection by wrapping: `inner`'s behaviour, except that while `down` every call
+    raises StoreUnavailable and `delay_s` delays every call."""
+
+    def __init__(self, inner: StateStore) -> None:
+        super().__init__(inner.limits)
+        self.kind = inner.kind
+        self.inner = inner
+        self.down = False
+        self.delay_s = 0.0
+        self.calls = 0
+
+    async def _gate(self) -> None:
+        self.calls += 1
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self.down:
+            raise StoreUnavailable("injected outage")
+
+    async def _put_many(self, items):
+        await self._gate()
+        return await self.inner._put_many(items)
+
+    async def _get(self, key):
+        await self._gate()
+        return await self.inner._get(key)
+
+    async def _delete(self, key):
+        await self._gate()
+        return await self.inner._delete(key)
+
+    async def _touch(self, key, ttl_s):
+        await self._gate()
+        return await self.inner._touch(key, ttl_s)
+
+    async def _list(self, limit):
+        await self._gate()
+        return await self.inner._list(limit)
+
+    async def _usage(self):
+        await self._gate()
+        return await self.inner._usage()
+
+
+async def eventually(pred: Callable[[], bool], timeout: float = 10.0, step: float = 0.01) -> None:
+    """Wait until `pred()` holds; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met in {timeout} s")
+        await asyncio.sleep(step)
