@@ -65,7 +65,7 @@ async def test_parked_ttl_and_store_eviction_reports() -> None:
     s = await open_store("memory", StoreLimits(max_entries=1))
     pc = ParkedCache(s, max_bytes=10)
     a, b, c = sid(), sid(), sid()
-    await pc.park(a, b"x" * 10, ttl_s=0.1)
+    await pc.park(a, b"x" * 10, ttl_s=5)
     r = await pc.park(b, b"y" * 10)
     assert r.spilled == (a,) and r.evicted == ()
     r = await pc.park(c, b"z" * 10)

@@ -173,3 +173,15 @@ def test_a_valid_envelope_allocates_one_payload_copy() -> None:
     finally:
         tracemalloc.stop()
     assert 400_000 <= peak <= 400_000 + MAX_HEADER_BYTES + 16_384
+
+
+@FUZZ
+@given(
+    st.binary(max_size=CAP),
+    st.text(max_size=40),
+    st.one_of(st.none(), st.text(max_size=40)),
+    st.one_of(st.none(), st.floats(1, 1e9)),
+)
+def test_any_signed_state_round_trips(payload, model, sid, ttl) -> None:
+    v = verify(signer.sign(payload, model, MH, 1, ttl_s=ttl, sid=sid), sid=sid)
+    assert v.payload == payload and v.header.model == model and v.header.sid == sid

@@ -100,7 +100,7 @@ async def test_replacing_an_entry_never_evicts_itself(make_store) -> None:
 async def test_ttl_expires_and_is_reported_by_the_next_put(make_store) -> None:
     s = await make_store(StoreLimits(ttl_s=30))
     short, default, forever = sid(), sid(), sid()
-    await s.put(short, b"s", ttl_s=0.15)
+    await s.put(short, b"s", ttl_s=0.5)
     r = await s.put(default, b"d")
     assert (
         r.info.expires_at is not None
@@ -108,7 +108,7 @@ async def test_ttl_expires_and_is_reported_by_the_next_put(make_store) -> None:
     )
     await s.put(forever, b"f", ttl_s=1e9)
     assert (await s.get(short)).data == b"s"
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.7)
     assert await s.get(short) is None
     assert await s.count() == 2
     assert await s.usage() == (2, 2)
@@ -121,11 +121,11 @@ async def test_ttl_expires_and_is_reported_by_the_next_put(make_store) -> None:
 async def test_touch_restarts_the_lifetime(make_store) -> None:
     s = await make_store()
     k = sid()
-    await s.put(k, b"t", ttl_s=0.3)
+    await s.put(k, b"t", ttl_s=0.5)
     for _ in range(3):
-        await asyncio.sleep(0.15)
-        assert await s.touch(k, ttl_s=0.3)
-    assert (await s.get(k)).data == b"t"  # 0.45 s after the put: alive through touches
+        await asyncio.sleep(0.2)
+        assert await s.touch(k, ttl_s=0.5)
+    assert (await s.get(k)).data == b"t"  # 0.6 s after the put: alive through touches
     assert await s.touch(k, ttl_s=0.15)
     await asyncio.sleep(0.3)
     assert await s.get(k) is None
