@@ -173,7 +173,7 @@ class StateStore(abc.ABC):
         Subclasses get the items with `ttl_s` resolved (None: no expiry)."""
         for it in items:
             check_id(it.key)
-            self._check_size(it.data)
+            self.check_blob(it.data)
         items = [PutItem(it.key, bytes(it.data), self._ttl(it.ttl_s)) for it in items]
         t0 = time.perf_counter()
         out = await self._call(self._put_many(items))
@@ -249,7 +249,8 @@ class StateStore(abc.ABC):
             raise ValueError(f"ttl_s must be positive, got {ttl}")
         return ttl
 
-    def _check_size(self, data: bytes) -> None:
+    def check_blob(self, data: bytes) -> None:
+        """Raise TypeError / ValueTooLarge for a blob this store can never take."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"a stored state must be bytes, got {type(data).__name__}")
         cap = self.limits.max_bytes

@@ -116,14 +116,14 @@ class DirStore(StateStore):
 
     async def _list(self, limit: int | None) -> list[EntryInfo]:
         self._require_open()
+        self._ix.sweep(self._clock())  # expired files go at the next put, which reports them
         items = list(self._ix.items(self._clock()))
         return items if limit is None else items[:limit]
 
     async def _usage(self) -> tuple[int, int]:
         self._require_open()
-        now = self._clock()
-        live = list(self._ix.items(now))
-        return len(live), sum(i.nbytes for i in live)
+        self._ix.sweep(self._clock())
+        return len(self._ix), self._ix.bytes
 
     # ---- file I/O (worker threads)
     def path(self, key: str) -> Path:

@@ -38,6 +38,15 @@ class WriterConfig:
     op_timeout_s: float = 5.0  # a store call slower than this counts as failed
     max_backlog_bytes: int = 256 << 20  # pending blob bytes kept while the store is down
 
+    def __post_init__(self) -> None:
+        if self.batch_max < 1:
+            raise ValueError(f"WriterConfig.batch_max must be >= 1, got {self.batch_max}")
+        for name in ("batch_wait_s", "retry_initial_s", "retry_max_s", "op_timeout_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"WriterConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.max_backlog_bytes < 0:
+            raise ValueError("WriterConfig.max_backlog_bytes must be >= 0")
+
 
 @dataclass(frozen=True)
 class PendingWrite:
@@ -114,7 +123,7 @@ class CheckpointWriter:
         """Queue a checkpoint; False (logged, counted) if the store can never take it."""
         try:
             check_id(key)
-            self.store._check_size(data)
+            self.store.check_blob(data)
         except (StoreError, TypeError) as e:
             self._n["rejected"] += 1
             log.error("checkpoint of %s refused: %s", str(key)[:40], e)
