@@ -190,15 +190,19 @@ class CheckpointWriter:
         self._pending[op.key] = op
         self._bytes += len(op.data or b"")
         self._n["submitted"] += 1
-        while self._bytes > self.config.max_backlog_bytes and len(self._pending) > 1:
-            key = next(iter(self._pending))
-            self._bytes -= len(self._pending.pop(key).data or b"")
+        while self._bytes > self.config.max_backlog_bytes:
+            # the oldest pending blob goes (never a delete, never the one just queued)
+            key = next((k for k, o in self._pending.items() if o.data and k != op.key), None)
+            if key is None:
+                break
+            self._bytes -= len(self._pending.pop(key).data)
             self._n["dropped"] += 1
-            log.warning(
-                "checkpoint backlog over %d bytes: dropped the oldest write (%s)",
-                self.config.max_backlog_bytes,
-                key,
-            )
+            if self._n["dropped"] % 1000 == 1:
+                log.warning(
+                    "checkpoint backlog over %d bytes: dropping the oldest writes (%d so far)",
+                    self.config.max_backlog_bytes,
+                    self._n["dropped"],
+                )
         self._idle.clear()
         self._wake.set()
 

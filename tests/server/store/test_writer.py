@@ -173,3 +173,15 @@ async def test_redis_killed_mid_load_and_restarted(redis_proc) -> None:
     assert (await s.stats()).failures >= 1
     await w.close()
     await s.close()
+
+
+async def test_backlog_pressure_never_drops_a_delete() -> None:
+    flaky = FlakyStore(await open_store("memory"))
+    flaky.down = True
+    w = CheckpointWriter(flaky, WriterConfig(max_backlog_bytes=250, retry_initial_s=0.01))
+    gone = sid()
+    w.submit_delete(gone)
+    for _ in range(5):
+        w.submit(sid(), b"x" * 100)
+    assert w.peek(gone) is not None and w.peek(gone).data is None
+    assert w.stats().dropped == 3 and w.stats().backlog_bytes == 200
