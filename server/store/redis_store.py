@@ -13,9 +13,11 @@ Keys, under a prefix (default `dlr`, `?prefix=` in the URL):
 LRU is the store's own, not Redis' `maxmemory-policy`: Redis' eviction is approximate, spans
 the whole database and says nothing about what it removed, while a put here must report each
 evicted session (so its client can be told) and the quotas are per store. Each operation is
-one Lua script, so a put, its sweep of expired entries and its evictions are atomic across
-replicas, and times come from Redis' clock (`TIME`), one clock for all replicas. A batch is
-one pipeline (one round trip). The blob keys also carry Redis' own expiry, so their memory is
+one transaction, so a put, its sweep of expired entries and its evictions are atomic across
+replicas, and times come from Redis' clock (`TIME`), one clock for all replicas. Blobs never
+pass through Lua (large strings are slow there): a put is `SET` plus the index script, a get
+`GET` plus a last-use script, each pair in one MULTI/EXEC; a batch is one MULTI (one round
+trip). The blob keys also carry Redis' own expiry, so their memory is
 freed even when no server runs; index entries left behind are removed by the next put's
 sweep. Configure Redis with `maxmemory-policy noeviction` (or any `volatile-*` policy) so it
 never removes keys behind the index. Plain Redis or a primary; not Redis Cluster (the scripts
@@ -54,7 +56,7 @@ local function stamp()  -- last-use score: microseconds, strictly increasing (no
   redis.call('SET', P .. ':last', s)
   return s
 end
-local function drop(k)
+local function unindex(k)
   local n = redis.call('HGET', P .. ':size', k)
   if n then
     redis.call('HDEL', P .. ':size', k)
@@ -62,34 +64,34 @@ local function drop(k)
   end
   redis.call('ZREM', P .. ':lru', k)
   redis.call('ZREM', P .. ':exp', k)
-  redis.call('DEL', P .. ':b:' .. k)
   return n or '0'
+end
+local function drop(k)
+  redis.call('DEL', P .. ':b:' .. k)
+  return unindex(k)
 end
 """
 
-# ARGV: prefix, id, data, ttl_ms (0: none), max_entries (0: none), max_bytes (0: none)
+# Runs in the same MULTI right after `SET <p>:b:<id> data [PX ttl]` (blobs never pass through
+# Lua: large strings are much slower there than in plain commands).
+# ARGV: prefix, id, nbytes, ttl_ms (0: none), max_entries (0: none), max_bytes (0: none)
 # -> {last_use_us, {id, nbytes, reason, ...}}
 _PUT = (
     _PRELUDE
     + """
-local id, data, ttl = ARGV[2], ARGV[3], tonumber(ARGV[4])
+local id, nbytes, ttl = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local maxn, maxb = tonumber(ARGV[5]), tonumber(ARGV[6])
 local out = {}
+unindex(id)
 for _, k in ipairs(redis.call('ZRANGEBYSCORE', P .. ':exp', '-inf', now)) do
   local n = drop(k)
   table.insert(out, k); table.insert(out, n); table.insert(out, 'expired')
 end
-drop(id)
-if ttl > 0 then
-  redis.call('SET', P .. ':b:' .. id, data, 'PX', ttl)
-  redis.call('ZADD', P .. ':exp', now + ttl, id)
-else
-  redis.call('SET', P .. ':b:' .. id, data)
-end
+if ttl > 0 then redis.call('ZADD', P .. ':exp', now + ttl, id) end
 local used = stamp()
 redis.call('ZADD', P .. ':lru', used, id)
-redis.call('HSET', P .. ':size', id, #data)
-redis.call('INCRBY', P .. ':bytes', #data)
+redis.call('HSET', P .. ':size', id, nbytes)
+redis.call('INCRBY', P .. ':bytes', nbytes)
 while true do
   local n_over = maxn > 0 and redis.call('ZCARD', P .. ':lru') > maxn
   local b_over = maxb > 0 and tonumber(redis.call('GET', P .. ':bytes') or '0') > maxb
@@ -106,16 +108,16 @@ return {used, out}
 """
 )
 
-# ARGV: prefix, id -> {last_use_us, data or nil, expires_ms or nil}
-_GET = (
+# Runs in the same MULTI right after `GET <p>:b:<id>`.
+# ARGV: prefix, id -> {last_use_us or '0', expires_ms or nil}
+_USED = (
     _PRELUDE
     + """
 local id = ARGV[2]
-local d = redis.call('GET', P .. ':b:' .. id)
-if not d then return {'0', false, false} end
+if redis.call('EXISTS', P .. ':b:' .. id) == 0 then return {'0', false} end
 local used = stamp()
 redis.call('ZADD', P .. ':lru', 'XX', used, id)
-return {used, d, redis.call('ZSCORE', P .. ':exp', id)}
+return {used, redis.call('ZSCORE', P .. ':exp', id)}
 """
 )
 
@@ -216,7 +218,7 @@ class RedisStore(StateStore):
             decode_responses=False,
         )
         self._put_s = self.r.register_script(_PUT)
-        self._get_s = self.r.register_script(_GET)
+        self._used_s = self.r.register_script(_USED)
         self._touch_s = self.r.register_script(_TOUCH)
         self._delete_s = self.r.register_script(_DELETE)
         self._list_s = self.r.register_script(_LIST)
@@ -244,21 +246,20 @@ class RedisStore(StateStore):
     # ---- StateStore
     async def _put_many(self, items: list[PutItem]) -> list[PutResult]:
         lim = self.limits
-        args = lambda it: [  # noqa: E731
-            self.prefix,
-            it.key,
-            it.data,
-            _ms(it.ttl_s),
-            lim.max_entries or 0,
-            lim.max_bytes or 0,
-        ]
-        if len(items) == 1:
-            raw = [await self._put_s(args=args(items[0]))]
-        else:
-            async with self.r.pipeline(transaction=False) as pipe:
-                for it in items:
-                    await self._put_s(args=args(it), client=pipe)
-                raw = await pipe.execute()
+        async with self.r.pipeline(transaction=True) as pipe:  # one MULTI, one round trip
+            for it in items:
+                ms = _ms(it.ttl_s)
+                pipe.set(self._blob(it.key), it.data, px=ms or None)
+                args = [
+                    self.prefix,
+                    it.key,
+                    len(it.data),
+                    ms,
+                    lim.max_entries or 0,
+                    lim.max_bytes or 0,
+                ]
+                await self._put_s(args=args, client=pipe)
+            raw = (await pipe.execute())[1::2]
         out = []
         for it, (used, ev) in zip(items, raw, strict=True):
             t = float(used) / 1e6
@@ -271,10 +272,16 @@ class RedisStore(StateStore):
         return out
 
     async def _get(self, key: str) -> Entry | None:
-        used, data, exp = await self._get_s(args=[self.prefix, key])
+        async with self.r.pipeline(transaction=True) as pipe:
+            pipe.get(self._blob(key))
+            await self._used_s(args=[self.prefix, key], client=pipe)
+            data, (used, exp) = await pipe.execute()
         if data is None:
             return None
         return Entry(EntryInfo(key, len(data), float(used) / 1e6, _s(exp)), data)
+
+    def _blob(self, key: str) -> str:
+        return f"{self.prefix}:b:{key}"
 
     async def _delete(self, key: str) -> bool:
         return bool(await self._delete_s(args=[self.prefix, key]))
