@@ -1,8 +1,9 @@
 """DirStore: atomic files (a writer SIGKILLed mid-write leaves a whole file), leftovers
-cleaned, index rebuilt at open (crash recovery), foreign files ignored."""
+cleaned, index rebuilt at open (crash recovery), foreign files ignored, cancelled writes."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from server.store import DirStore, StoreLimits, StoreUnavailable
+from server.store import DirStore, PutItem, StoreLimits, StoreUnavailable
 from server.store import dirstore as ds
 
 pytestmark = pytest.mark.anyio
@@ -110,3 +111,16 @@ async def test_sigkill_mid_write_leaves_a_whole_file(tmp_path: Path, delay: floa
     if e is not None:  # killed before the first rename: absent is fine, partial is not
         assert len(e.data) == 393_000 and e.data == e.data[:1] * 393_000
     assert not list(root.glob("*.tmp"))
+
+
+async def test_a_cancelled_write_finishes_before_the_next_one(tmp_path: Path) -> None:
+    """A timed-out put cannot stop its worker thread; the next put of the same session must
+    not be overtaken by it (the retry of a checkpoint writes newer data)."""
+    s = await DirStore(tmp_path / "st").open()
+    keys = [sid() for _ in range(20)]
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(s.put_many([PutItem(k, b"old" * 100_000) for k in keys]), 0.001)
+    await s.put(keys[-1], b"new")
+    assert (await s.get(keys[-1])).data == b"new"
+    assert await s.count() == 20  # the cancelled batch still completed, index included
+    assert not list((tmp_path / "st").glob("*.tmp"))
