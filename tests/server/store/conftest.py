@@ -48,7 +48,8 @@ class RedisProc:
             self.proc = subprocess.Popen(
                 [REDIS_BIN, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                  "--appendonly", "no", "--dir", str(self.workdir), "--protected-mode", "yes",
-                 "--maxmemory-policy", "noeviction", "--loglevel", "warning"],
+                 "--maxmemory-policy", "noeviction", "--loglevel", "warning",
+                 "--enable-debug-command", "local"],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )  # fmt: skip

@@ -7,6 +7,7 @@ import asyncio
 import uuid
 
 import pytest
+import redis.asyncio as aioredis
 
 from server.store import StoreLimits, open_store
 from server.store.writer import CheckpointWriter, WriterConfig
@@ -185,3 +186,24 @@ async def test_backlog_pressure_never_drops_a_delete() -> None:
         w.submit(sid(), b"x" * 100)
     assert w.peek(gone) is not None and w.peek(gone).data is None
     assert w.stats().dropped == 3 and w.stats().backlog_bytes == 200
+
+
+async def test_redis_stalled_then_responsive(redis_proc) -> None:
+    """A real Redis that stops answering for a while (DEBUG SLEEP blocks the server): writes
+    time out, the writer is degraded, and it recovers by itself without losing a write."""
+    s = await open_store(redis_proc.url)
+    w = CheckpointWriter(s, WriterConfig(retry_initial_s=0.02, retry_max_s=0.1, op_timeout_s=0.2))
+    w.start()
+    admin = aioredis.Redis.from_url(redis_proc.url)
+    stall = asyncio.create_task(admin.execute_command("DEBUG", "SLEEP", "1.5"))
+    await asyncio.sleep(0.1)
+    k = sid()
+    assert w.submit(k, b"during the stall")
+    await eventually(lambda: w.degraded)
+    assert "timed out" in w.reason
+    await asyncio.wait_for(stall, 10)
+    assert await w.flush(10) and not w.degraded
+    assert (await s.get(k)).data == b"during the stall"
+    await admin.aclose()
+    await w.close()
+    await s.close()
