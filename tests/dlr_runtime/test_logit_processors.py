@@ -1,0 +1,122 @@
+"""Logit processors: batched penalties, logit_bias and logprobs against plain per-row references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dlr_runtime.engine.logit_processors import (
+    LogitParams,
+    TokenCounts,
+    bias_rows,
+    logprobs,
+    logprobs_ref,
+    process,
+    process_ref,
+)
+
+V = 12
+penalty = st.floats(-2, 2, allow_nan=False)
+row = st.tuples(
+    st.lists(st.floats(-20, 20, allow_nan=False), min_size=V, max_size=V),  # logits
+    penalty,
+    penalty,
+    st.dictionaries(st.integers(0, V - 1), st.floats(-100, 100, allow_nan=False), max_size=4),
+    st.lists(st.integers(0, V - 1), max_size=15),  # generated so far
+)
+
+
+@given(st.lists(row, min_size=1, max_size=5))
+@settings(max_examples=200, deadline=None)
+def test_batched_process_equals_reference_per_row(rows):
+    for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 1e-4)):
+        params, counts, logits = [], [], []
+        for lg, pres, freq, bias, gen in rows:
+            params.append(
+                LogitParams(presence_penalty=pres, frequency_penalty=freq, logit_bias=bias)
+            )
+            c = TokenCounts(V)
+            for t in gen:
+                c.add(t)
+            counts.append(c)
+            logits.append(lg)
+        out = process(torch.tensor(logits, dtype=dtype), params, counts)  # (B, V)
+        assert out.dtype == dtype
+        for i, (lg, _, _, _, gen) in enumerate(rows):
+            ref = torch.tensor(process_ref(lg, params[i], gen), dtype=torch.float64)
+            assert torch.allclose(out[i].double(), ref, atol=tol, rtol=0), i
+
+
+def test_process_is_identity_without_options():
+    x = torch.randn(3, V)
+    out = process(x, [LogitParams()] * 3, [TokenCounts(V) for _ in range(3)])
+    assert out is x
+
+
+def test_penalty_example_by_hand():
+    c = TokenCounts(4)
+    for t in (1, 1, 2):
+        c.add(t)
+    p = LogitParams(presence_penalty=0.5, frequency_penalty=0.25)
+    out = process(torch.zeros(1, 4), [p], [c])[0]
+    assert out.tolist() == [0.0, -1.0, -0.75, 0.0]
+
+
+def test_bias_bans_a_token_under_greedy():
+    x = torch.tensor([[0.0, 5.0, 1.0]])
+    out = process(x, [LogitParams(logit_bias={1: -100.0})], [TokenCounts(3)])
+    assert int(out.argmax()) == 2
+    with pytest.raises(ValueError, match="not in"):
+        bias_rows([{7: 1.0}], 3)
+
+
+@given(
+    st.lists(
+        st.lists(st.floats(-30, 30, allow_nan=False), min_size=V, max_size=V),
+        min_size=1,
+        max_size=4,
+    ),
+    st.integers(0, V),
+    st.data(),
+)
+@settings(max_examples=200, deadline=None)
+def test_logprobs_equal_reference(rows, k, data):
+    chosen = [data.draw(st.integers(0, V - 1)) for _ in rows]
+    res = logprobs(torch.tensor(rows, dtype=torch.float32), torch.tensor(chosen), k)
+    assert res.top_ids.shape == (len(rows), k) and res.top_logprobs.shape == (len(rows), k)
+    for i, lg in enumerate(rows):
+        want, top = logprobs_ref(lg, chosen[i], k)
+        assert abs(res.chosen[i].item() - want) < 1e-4
+        # top values equal the reference's (ids may differ only between exact ties)
+        assert torch.allclose(
+            res.top_logprobs[i].double(),
+            torch.tensor([v for _, v in top], dtype=torch.float64),
+            atol=1e-4,
+        )
+        for j, v in zip(res.top_ids[i].tolist(), res.top_logprobs[i].tolist(), strict=True):
+            assert abs(logprobs_ref(lg, j, 0)[0] - v) < 1e-4
+
+
+def test_logprobs_sum_to_one_and_top_is_sorted():
+    x = torch.randn(2, 258)
+    res = logprobs(x, torch.tensor([0, 5]), 20)
+    assert torch.allclose(torch.log_softmax(x, -1).exp().sum(-1), torch.ones(2))
+    assert torch.all(res.top_logprobs[:, :-1] >= res.top_logprobs[:, 1:])
+    assert torch.equal(res.top_ids[:, 0], x.argmax(-1))
+
+
+@pytest.mark.parametrize(
+    "kwargs, msg",
+    [
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": -3}, "frequency_penalty"),
+        ({"logit_bias": {1: 101.0}}, "logit_bias"),
+        ({"logit_bias": {-1: 1.0}}, "logit_bias"),
+        ({"top_logprobs": 21}, "top_logprobs"),
+    ],
+)
+def test_params_refuse_out_of_range(kwargs, msg):
+    with pytest.raises(ValueError, match=msg):
+        LogitParams(**kwargs)
