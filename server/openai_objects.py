@@ -123,14 +123,19 @@ class ChatChoice(BaseModel):
     finish_reason: FinishReason
 
 
-class ChatCompletion(BaseModel):
-    id: str = Field(default_factory=lambda: new_id("chatcmpl"))
-    object: Literal["chat.completion"] = "chat.completion"
+class _Envelope(BaseModel):
+    """Fields every completion-family object carries."""
+
     created: int = Field(default_factory=now)
     model: str
-    choices: list[ChatChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+
+
+class ChatCompletion(_Envelope):
+    id: str = Field(default_factory=lambda: new_id("chatcmpl"))
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
 
 
 class ChatDelta(BaseModel):
@@ -145,14 +150,12 @@ class ChunkChoice(BaseModel):
     finish_reason: FinishReason | None = None
 
 
-class ChatCompletionChunk(BaseModel):
+class ChatCompletionChunk(_Envelope):
+    """One streamed piece; `usage` is set only on the final usage chunk (choices empty)."""
+
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChunkChoice]
-    usage: Usage | None = None  # only on the final usage chunk (choices empty)
-    system_fingerprint: str | None = None
 
 
 # ---------------------------------------------------------------- completions
@@ -186,14 +189,10 @@ class CompletionChoice(BaseModel):
     finish_reason: FinishReason | None = None
 
 
-class Completion(BaseModel):
+class Completion(_Envelope):
     id: str = Field(default_factory=lambda: new_id("cmpl"))
     object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=now)
-    model: str
     choices: list[CompletionChoice]
-    usage: Usage | None = None
-    system_fingerprint: str | None = None
 
 
 # ---------------------------------------------------------------- responses

@@ -267,7 +267,7 @@ class ChatCompletionRequest(OpenAIRequest, PenaltyFields):
 class CompletionRequest(OpenAIRequest, PenaltyFields):
     """POST /v1/completions (legacy): one prompt, logprobs as an int (top count), echo, n."""
 
-    prompt: str | list[str] = ""
+    prompt: str | list[str] | list[int] = ""  # text, [text], or token ids (bos is added)
     max_tokens: int = Field(16, ge=0)
     logprobs: int | None = Field(None, ge=0, le=5)  # OpenAI's limit for completions
     echo: bool = False
@@ -275,18 +275,26 @@ class CompletionRequest(OpenAIRequest, PenaltyFields):
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, v: str | list[str]) -> str:
-        if isinstance(v, list):
-            if len(v) != 1:
-                raise ValueError("prompt: exactly one prompt per request is supported")
-            return v[0]
-        return v
+    def _single(cls, v: str | list[str] | list[int]) -> str | list[int]:
+        if isinstance(v, str) or all(isinstance(x, int) for x in v) and v:
+            return v
+        if len(v) == 1:
+            return v[0]  # type: ignore[return-value]
+        raise ValueError("prompt: one prompt per request (text, [text] or token ids)")
 
     def to_job(self, tokenizer: ByteTokenizer) -> TextJob:
         self.check_supported()
-        prompt = str(self.prompt)
+        if isinstance(self.prompt, str):
+            ids, text = tokenizer.encode(self.prompt), self.prompt
+        else:
+            ids = list(self.prompt)
+            if min(ids) < 0 or max(ids) >= tokenizer.vocab_size:
+                raise UnsupportedField(
+                    "prompt", f"token ids must be in [0, {tokenizer.vocab_size})"
+                )
+            text = tokenizer.decode(ids)
         return TextJob(
-            tokens=[tokenizer.bos, *tokenizer.encode(prompt)],
+            tokens=[tokenizer.bos, *ids],
             boundaries=[],
             sampling=self._sampling(self.n, self.max_tokens, list(self.stop or [])),
             logits=self._logit_params(
@@ -295,7 +303,7 @@ class CompletionRequest(OpenAIRequest, PenaltyFields):
             stream=self.stream,
             include_usage=bool(self.stream_options and self.stream_options.include_usage),
             echo=self.echo,
-            prompt_text=prompt,
+            prompt_text=text,
         )
 
 

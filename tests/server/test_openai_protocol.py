@@ -152,6 +152,12 @@ def test_completion_request_to_job():
     job = req.to_job(TOK)
     assert job.tokens == [TOK.bos, 97, 98, 99] and job.echo and job.prompt_text == "abc"
     assert job.logits.logprobs and job.logits.top_logprobs == 2 and len(job.sampling) == 2
+    ids = CompletionRequest(prompt=[104, 105]).to_job(TOK)
+    assert ids.tokens == [TOK.bos, 104, 105] and ids.prompt_text == "hi"
+    with pytest.raises(UnsupportedField, match="prompt"):
+        CompletionRequest(prompt=[104, 999]).to_job(TOK)
+    with pytest.raises(ValidationError, match="one prompt"):
+        CompletionRequest(prompt=["a", "b"])
 
 
 def test_responses_request_to_job():
