@@ -14,7 +14,8 @@ up to float32 rounding: a cached state was computed with another piece segmentat
 prefill would use (tests check 1e-4 on logits, and identical greedy and seeded tokens).
 
 With `cache=None` (or a zero-byte cache) it is exactly `engine.prefill`. `pin_prefix` prefills a
-prefix in a scratch slot and pins it (for `POST /v1/prefixes`).
+prefix in a scratch slot and pins it (for `POST /v1/prefixes`). `prefill_n` prefills once and
+forks the slot into n (for `n > 1`: one prefill, n - 1 state copies).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 
 from .prefix_cache import PrefixCache
-from .slot_state import export_state, import_state
+from .slot_state import Fork, export_state, fork, import_state
 
 
 @dataclass
@@ -106,3 +107,34 @@ def pin_prefix(engine: Any, cache: PrefixCache, tokens: Sequence[int]) -> Cached
         return res
     finally:
         engine.close(slot)
+
+
+@dataclass
+class ForkedPrefill:
+    """One prefill shared by n choices: the slots (the first is the prefilled one)."""
+
+    slots: list[int]  # n slots holding the same state after the prompt
+    logits: torch.Tensor  # (V,) after the prompt, the same for every slot
+    cached_tokens: int  # prompt tokens loaded from the cache
+    fork: Fork  # cost of making the n - 1 copies
+
+
+def prefill_n(
+    engine: Any,
+    cache: PrefixCache | None,
+    tokens: Sequence[int],
+    n: int,
+    boundaries: Sequence[int] = (),
+) -> ForkedPrefill:
+    """Open a slot, prefill `tokens` through the cache once, and fork it into n slots in all
+    (for `n > 1` on completions). Frees every slot it took if anything fails."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    slot = engine.open()
+    try:
+        res = prefill_cached(engine, cache, [slot], [tokens], [boundaries])
+        copies = fork(engine, slot, n - 1)
+    except BaseException:
+        engine.close(slot)
+        raise
+    return ForkedPrefill([slot, *copies.slots], res.logits[0], res.cached_tokens[0], copies)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from dlr_runtime import load_recurrent
 from dlr_runtime.backends import make_backend
 from dlr_runtime.engine import Engine, PoolFullError, SamplingParams, sample_token
-from dlr_runtime.engine.cached_prefill import pin_prefix, prefill_cached
+from dlr_runtime.engine.cached_prefill import pin_prefix, prefill_cached, prefill_n
 from dlr_runtime.engine.prefix_cache import (
     KEY_BYTES_PER_TOKEN,
     PrefixCache,
@@ -208,6 +208,7 @@ def _generate(eng: Engine, slot: int, logits: torch.Tensor, params: SamplingPara
 
 
 prompts_sharing_prefixes = st.tuples(
+    st.sampled_from([2, 1000]),  # cache size in states: 2 evicts on nearly every insert
     st.lists(st.integers(0, 255), min_size=0, max_size=300),  # shared prefix
     st.lists(st.lists(st.integers(0, 255), min_size=1, max_size=40), min_size=1, max_size=4),
     st.lists(st.integers(1, 60), max_size=3),  # extra boundaries (message ends)
@@ -219,8 +220,8 @@ prompts_sharing_prefixes = st.tuples(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 def test_cached_prefill_equals_cold_prefill(engine, case):
-    shared, tails, bounds = case
-    cache = PrefixCache(64 << 20)
+    n_states, shared, tails, bounds = case
+    cache = PrefixCache(n_states * (engine.state_bytes_per_session() + 258 * 4 + 4096))
     prompts = [[256, *shared, *t] for t in tails] + [[256, *shared, *tails[0]]]  # a repeat too
     for i, p in enumerate(prompts):
         s = engine.open()
@@ -230,10 +231,11 @@ def test_cached_prefill_equals_cold_prefill(engine, case):
             cold = _cold(engine, p)
             assert torch.allclose(res.logits[0], cold, atol=TOL), i
             assert res.cached_tokens[0] + res.prefilled_tokens[0] == len(p)
-            if i == len(prompts) - 1:
+            if n_states > 2 and i == len(prompts) - 1:
                 assert res.cached_tokens[0] == len(p)  # a repeated prompt runs no prefill
-            elif i > 0:
+            elif n_states > 2 and i > 0:
                 assert res.cached_tokens[0] >= 1 + len(shared)  # the shared part is never re-run
+            assert cache.stats().bytes <= cache.max_bytes
         finally:
             engine.close(s)
 
@@ -294,6 +296,30 @@ def test_fork_copies_state_exactly_and_measures_cost(engine):
         assert torch.equal(ya[0], ya[1]) and not torch.equal(ya[1], ya[2])
     finally:
         for s in [a, *f.slots]:
+            engine.close(s)
+
+
+def test_prefill_n_forks_one_prefill_into_n_seeded_choices(engine):
+    prompt = [256, *b"Once upon a time"]
+    cache = PrefixCache(64 << 20)
+    res = prefill_n(engine, cache, prompt, 3)
+    try:
+        assert len(set(res.slots)) == 3 and res.fork.bytes_copied > 0
+        assert torch.allclose(res.logits, _cold(engine, prompt), atol=TOL)
+        outs = []
+        for i, s in enumerate(res.slots):
+            outs.append(_generate(engine, s, res.logits, SamplingParams(seed=5 + i, max_tokens=12)))
+    finally:
+        for s in res.slots:
+            engine.close(s)
+    for i in range(3):  # each choice equals a cold run of its own with its seed
+        s = engine.open()
+        try:
+            logits = engine.prefill([s], [prompt])[0]
+            assert (
+                _generate(engine, s, logits, SamplingParams(seed=5 + i, max_tokens=12)) == outs[i]
+            )
+        finally:
             engine.close(s)
 
 
