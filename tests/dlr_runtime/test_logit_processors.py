@@ -1,4 +1,5 @@
-"""Logit processors: batched penalties, logit_bias and logprobs against plain per-row references."""
+"""Logit processors: batched penalties, logit_bias and logprobs against plain per-row
+references; a batched decode loop with mixed options equals each row run alone."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dlr_runtime import load_recurrent
+from dlr_runtime.backends import make_backend
+from dlr_runtime.engine import Engine, SamplingParams, sample_token
 from dlr_runtime.engine.logit_processors import (
     LogitParams,
     TokenCounts,
@@ -16,6 +20,8 @@ from dlr_runtime.engine.logit_processors import (
     process,
     process_ref,
 )
+from dlr_runtime.engine.token_choice import ChoiceRow, Chosen, choose_tokens
+from tests.conftest import LM_NAME
 
 V = 12
 penalty = st.floats(-2, 2, allow_nan=False)
@@ -120,3 +126,69 @@ def test_logprobs_sum_to_one_and_top_is_sorted():
 def test_params_refuse_out_of_range(kwargs, msg):
     with pytest.raises(ValueError, match=msg):
         LogitParams(**kwargs)
+
+
+# ------------------------------------------------------------------ a decode loop with options
+@pytest.fixture(scope="module")
+def engine(models_dir):
+    rec = load_recurrent(models_dir / LM_NAME)
+    return Engine(make_backend(rec, "torch"), LM_NAME, 8, metadata=rec.checkpoint_metadata)
+
+
+OPTIONS = [
+    (SamplingParams(temperature=0, max_tokens=20), LogitParams()),
+    (SamplingParams(seed=3, max_tokens=20), LogitParams()),
+    (
+        SamplingParams(temperature=0, max_tokens=20),
+        LogitParams(presence_penalty=1.5, frequency_penalty=0.7, logprobs=True, top_logprobs=3),
+    ),
+    (SamplingParams(seed=9, max_tokens=20), LogitParams(logit_bias={101: 5.0, 32: -100.0})),
+    (SamplingParams(seed=4, temperature=0.7, top_k=20, max_tokens=20), LogitParams(logprobs=True)),
+]
+
+
+def _reference_run(engine, prompt, sp, lparams):
+    """One row alone: process_ref / logprobs_ref in float64 and sample_token, step by step."""
+    s = engine.open()
+    try:
+        logits, gen, out, gen_tokens = engine.prefill([s], [prompt])[0], sp.generator(), [], []
+        for _ in range(sp.max_tokens):
+            ref = torch.tensor(
+                process_ref(logits.tolist(), lparams, gen_tokens), dtype=torch.float64
+            )
+            tok = sample_token(ref, sp, gen)
+            lp = logprobs_ref(ref.tolist(), tok, lparams.top_logprobs) if lparams.logprobs else None
+            out.append((tok, lp))
+            gen_tokens.append(tok)
+            logits = engine.decode([s], [tok])[0]
+        return out
+    finally:
+        engine.close(s)
+
+
+def test_batched_choose_tokens_equals_per_row_reference(engine):
+    prompt = [256, *b"The quality of mercy"]
+    slots = [engine.open() for _ in OPTIONS]
+    rows = [ChoiceRow.new(sp, lp, 258, "cpu") for sp, lp in OPTIONS]
+    got: list[list[Chosen]] = [[] for _ in OPTIONS]
+    try:
+        logits = engine.prefill(slots, [prompt] * len(slots))  # (B, V)
+        for _ in range(20):
+            chosen = choose_tokens(logits, rows)
+            for i, c in enumerate(chosen):
+                got[i].append(c)
+            logits = engine.decode(slots, [c.token for c in chosen])
+    finally:
+        for s in slots:
+            engine.close(s)
+    for i, (sp, lp) in enumerate(OPTIONS):
+        ref = _reference_run(engine, prompt, sp, lp)
+        assert [c.token for c in got[i]] == [t for t, _ in ref], i
+        for c, (_, r) in zip(got[i], ref, strict=True):
+            if r is None:
+                assert c.logprob is None and c.top == []
+            else:
+                assert abs(c.logprob - r[0]) < 1e-4 and len(c.top) == lp.top_logprobs
+                assert all(abs(a[1] - b[1]) < 1e-4 for a, b in zip(c.top, r[1], strict=True))
+    assert 32 not in [c.token for c in got[3]]  # banned by logit_bias
+    assert [c.token for c in got[2]] != [c.token for c in got[0]]  # penalties change greedy
