@@ -13,14 +13,14 @@ rest prefilled. `PrefixCache` keeps such states:
   `remove` undo them.
 
 Memory is bounded by `max_bytes`: the bytes of every stored tensor plus 8 bytes per token on
-the tree's edges (the keys cost about as much as a state for long prompts). Eviction is LRU over
-unpinned entries (least recently inserted or hit first). LRU was chosen over a cost-aware score
-because every entry of one model holds the same number of state bytes, so "prefill saved per
-byte held" would only prefer long prefixes, and long prefixes are exactly those whose shorter
-siblings (message boundaries of the same conversation) stay useful longer; recency captures
-which conversations are still live. An insert that cannot fit even after evicting every
-unpinned entry is dropped (counted in `stats().rejected`); pinning beyond the bound raises
-`PrefixCacheFull`.
+the tree's edges (for long prompts the keys cost about as much as a state). Eviction is LRU over
+unpinned entries (least recently inserted or hit goes first). Every entry of one model holds
+the same state bytes, so a cost-aware score ("prefill saved per byte held", as in Marconi)
+reduces to the tokens an entry saves beyond its nearest cached ancestor; that refinement is not
+implemented: recency already tracks which conversations are live, and an evicted entry's
+ancestors (message boundaries) still serve most of its prefix. An insert that cannot fit even
+after evicting every unpinned entry is dropped (counted in `stats().rejected`); pinning beyond
+the bound raises `PrefixCacheFull`.
 
 Thread-safety: every public method takes one internal lock, so the engine thread may insert and
 look up while another thread (metrics, an admin route) reads `stats()` or pins. States are
@@ -79,6 +79,24 @@ class PrefixCacheStats:
     def token_hit_rate(self) -> float:
         """Fraction of queried prompt tokens whose prefill the cache saved."""
         return self.hit_tokens / self.lookup_tokens if self.lookup_tokens else 0.0
+
+    def as_metrics(self) -> dict[str, float]:
+        """Prometheus-style names -> values (counters end in _total)."""
+        return {
+            "prefix_cache_lookups_total": self.lookups,
+            "prefix_cache_hits_total": self.hits,
+            "prefix_cache_lookup_tokens_total": self.lookup_tokens,
+            "prefix_cache_hit_tokens_total": self.hit_tokens,
+            "prefix_cache_inserts_total": self.inserts,
+            "prefix_cache_evictions_total": self.evictions,
+            "prefix_cache_rejected_total": self.rejected,
+            "prefix_cache_entries": self.entries,
+            "prefix_cache_pinned_entries": self.pinned,
+            "prefix_cache_bytes": self.bytes,
+            "prefix_cache_max_bytes": self.max_bytes,
+            "prefix_cache_hit_rate": self.hit_rate,
+            "prefix_cache_token_hit_rate": self.token_hit_rate,
+        }
 
 
 @dataclass(eq=False)

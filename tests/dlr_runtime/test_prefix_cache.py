@@ -147,6 +147,8 @@ def test_stats_count_lookups_hits_and_tokens():
     s = c.stats()
     assert (s.lookups, s.hits, s.hit_tokens, s.lookup_tokens) == (2, 1, 3, 6)
     assert s.hit_rate == 0.5 and s.token_hit_rate == 0.5 and s.inserts == 1
+    m = s.as_metrics()
+    assert m["prefix_cache_hit_tokens_total"] == 3 and m["prefix_cache_bytes"] == s.bytes > 0
 
 
 def test_concurrent_inserts_and_lookups_keep_the_tree_consistent():
