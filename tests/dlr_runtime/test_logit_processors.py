@@ -20,6 +20,7 @@ from dlr_runtime.engine.logit_processors import (
     process,
     process_ref,
 )
+from dlr_runtime.engine.prompt_logprobs import prefill_all_logits, prompt_token_logprobs
 from dlr_runtime.engine.token_choice import ChoiceRow, Chosen, choose_tokens
 from tests.conftest import LM_NAME
 
@@ -192,3 +193,31 @@ def test_batched_choose_tokens_equals_per_row_reference(engine):
                 assert all(abs(a[1] - b[1]) < 1e-4 for a, b in zip(c.top, r[1], strict=True))
     assert 32 not in [c.token for c in got[3]]  # banned by logit_bias
     assert [c.token for c in got[2]] != [c.token for c in got[0]]  # penalties change greedy
+
+
+def test_prompt_logprobs_equal_prefix_prefills(engine):
+    g = torch.Generator().manual_seed(1)
+    prompt = [256, *torch.randint(0, 256, (300,), generator=g).tolist()]
+    s = engine.open()
+    try:
+        every = prefill_all_logits(engine, s, prompt)  # (T, V)
+        after = engine.decode([s], [65])[0]
+    finally:
+        engine.close(s)
+    assert every.shape == (len(prompt), 258)
+    s = engine.open()
+    try:
+        assert torch.allclose(every[-1], engine.prefill([s], [prompt])[0], atol=1e-5)
+        assert torch.allclose(after, engine.decode([s], [65])[0], atol=1e-5)  # same end state
+    finally:
+        engine.close(s)
+    for n in (1, 2, 77, 256, 257):  # logits after position n-1 = a cold prefill of prompt[:n]
+        s = engine.open()
+        try:
+            assert torch.allclose(every[n - 1], engine.prefill([s], [prompt[:n]])[0], atol=1e-4)
+        finally:
+            engine.close(s)
+    lp = prompt_token_logprobs(every, prompt, 3)
+    assert lp.chosen.shape == (len(prompt) - 1,) and lp.top_ids.shape == (len(prompt) - 1, 3)
+    want, _ = logprobs_ref(every[9].double().tolist(), prompt[10], 0)
+    assert abs(lp.chosen[9].item() - want) < 1e-4
