@@ -6,7 +6,9 @@ whole sequence from the start, bos included). Per row it
 
 1. looks up the longest cached prefix of its tokens and loads that state into the slot,
 2. prefills the rest in segments that end at each insert point: every boundary given for the
-   row (e.g. the end of every chat message) beyond the hit, and the end of the prompt,
+   row (e.g. the end of every chat message) beyond the hit, the point where the prompt branches
+   off the keys already on the cache's tree (so prompts sharing a prefix hit from the second
+   sibling on, at any token), and the end of the prompt,
 3. inserts the state (and logits) at each insert point into the cache,
 
 and returns the logits after each row's last token (B, V), equal to a cold `engine.prefill`
@@ -77,7 +79,8 @@ def prefill_cached(
             import_state(engine, slot, hit.state)  # type: ignore[arg-type]
             pos[i] = hit.length
             last[i] = hit.logits if hit.length == len(t) else None
-        plans.append(_points(len(t), hit.length, boundaries[i] if boundaries else ()))
+        bounds = [*(boundaries[i] if boundaries else ()), cache.shared_length(t)]
+        plans.append(_points(len(t), hit.length, bounds))
     cached = list(pos)
     while True:
         rows = [i for i in range(len(slots)) if pos[i] < len(tokens[i])]

@@ -9,6 +9,9 @@ rest prefilled. `PrefixCache` keeps such states:
   logits after the last token (V,), so a prompt equal to a cached prefix needs no prefill at all.
 - `lookup(tokens, max_len=None) -> PrefixHit`: the LONGEST cached prefix of `tokens` (at any
   token, not at block boundaries), with copies of its state and logits; a miss has length 0.
+- `shared_length(tokens)`: how far `tokens` follows any stored key, i.e. where it branches off
+  earlier prompts; inserting a state there lets the next sibling prompt hit without any
+  boundary being declared.
 - Pinned entries (`pin=True`, e.g. from `POST /v1/prefixes`) are never evicted; `unpin` and
   `remove` undo them.
 
@@ -185,6 +188,23 @@ class PrefixCache:
             state = _copy(best.state, None)  # type: ignore[arg-type]
             logits = best.logits.clone() if best.logits is not None else None
             return PrefixHit(best.depth, state, logits)
+
+    def shared_length(self, tokens: Sequence[int]) -> int:
+        """Length of the longest common prefix of `tokens` with any key on the tree (cached
+        or not): where a new prompt branches off earlier ones (no stats, no LRU refresh)."""
+        tokens = tuple(tokens)
+        with self._lock:
+            node, pos = self._root, 0
+            while pos < len(tokens):
+                child = node.children.get(tokens[pos])
+                if child is None:
+                    break
+                n = _common(child.edge, tokens[pos : pos + len(child.edge)])
+                pos += n
+                if n < len(child.edge):
+                    break
+                node = child
+            return pos
 
     def contains(self, tokens: Sequence[int]) -> bool:
         """Whether exactly this prefix holds an entry (no stats, no LRU refresh)."""

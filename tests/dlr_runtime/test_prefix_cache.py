@@ -242,6 +242,23 @@ def test_cached_prefill_equals_cold_prefill(engine, case):
             engine.close(s)
 
 
+def test_sibling_prompts_hit_at_their_branch_point_without_boundaries(engine):
+    shared = [256, *b"A long shared document that several requests continue. " * 3]
+    cache = PrefixCache(64 << 20)
+    got = []
+    for tail in (b"First question?", b"Second one?", b"Third!"):
+        p = shared + list(tail)
+        s = engine.open()
+        try:
+            res = prefill_cached(engine, cache, [s], [p])
+            assert torch.allclose(res.logits[0], _cold(engine, p), atol=TOL)
+            got.append(res.cached_tokens[0])
+        finally:
+            engine.close(s)
+    assert got == [0, 0, len(shared)]  # the 2nd stored the branch point, the 3rd hit it
+    assert cache.shared_length(shared + [1]) == len(shared) and len(cache) == 4
+
+
 def test_cached_prefill_gives_identical_greedy_and_seeded_tokens(engine):
     g = torch.Generator().manual_seed(3)
     system = [256, *torch.randint(0, 256, (200,), generator=g).tolist()]
