@@ -34,6 +34,7 @@ from .chat_template import ChatTemplate, Message
 from .errors import api_error
 
 MAX_N = 16  # choices per request (each holds a session slot while it decodes)
+LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the one `include` value responses support
 
 
 class UnsupportedField(ValueError):
@@ -108,7 +109,6 @@ class OpenAIRequest(BaseModel):
         "guided_regex",
         "guided_choice",
         "suffix",
-        "include",
     )
 
     def check_supported(self) -> None:
@@ -347,6 +347,9 @@ class ResponsesRequest(OpenAIRequest):
             raise UnsupportedField("text.format", "only {'type': 'text'}")
         if self.tool_choice not in (None, "none", "auto"):
             raise UnsupportedField("tool_choice", "no tools are available")
+        other = [x for x in self.include or [] if x != LOGPROBS_INCLUDE]
+        if other:
+            raise UnsupportedField("include", f"only {LOGPROBS_INCLUDE!r}, not {other}")
         if self.truncation == "auto":
             raise UnsupportedField("truncation", "a stored state is never truncated")
         if self.instructions is not None and self.previous_response_id is not None:
@@ -379,11 +382,12 @@ class ResponsesRequest(OpenAIRequest):
             default_max_tokens if self.max_output_tokens is None else self.max_output_tokens
         )
         top = self.top_logprobs or 0
+        want_logprobs = top > 0 or LOGPROBS_INCLUDE in (self.include or [])
         return TextJob(
             tokens=rendered.tokens,
             boundaries=rendered.boundaries,
             sampling=self._sampling(1, max_tokens, list(template.stop)),
-            logits=LogitParams(logprobs=top > 0, top_logprobs=top),
+            logits=LogitParams(logprobs=want_logprobs, top_logprobs=top),
             stream=self.stream,
             prompt_text=rendered.text,
             continuation=cont,

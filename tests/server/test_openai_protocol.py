@@ -174,7 +174,10 @@ def test_responses_request_to_job():
     ).to_job(TOK, TPL, 20)
     assert nxt.continuation and nxt.previous_response_id == "resp_1"
     assert nxt.tokens == TPL.render([Message("user", "And?")], TOK, continuation=True).tokens
-    assert nxt.sampling[0].max_tokens == 4
+    assert nxt.sampling[0].max_tokens == 4 and not nxt.logits.logprobs
+    lp = ResponsesRequest(input="x", include=["message.output_text.logprobs"], top_logprobs=2)
+    job = lp.to_job(TOK, TPL, 20)
+    assert job.logits.logprobs and job.logits.top_logprobs == 2
 
 
 @pytest.mark.parametrize(
@@ -199,7 +202,7 @@ def test_responses_request_to_job():
         (CompletionRequest, {"best_of": 3}, "best_of"),
         (ResponsesRequest, {"text": {"format": {"type": "json_schema"}}}, "text.format"),
         (ResponsesRequest, {"reasoning": {"effort": "high"}}, "reasoning"),
-        (ResponsesRequest, {"include": ["message.output_text.logprobs"]}, "include"),
+        (ResponsesRequest, {"include": ["reasoning.encrypted_content"]}, "include"),
         (ResponsesRequest, {"truncation": "auto"}, "truncation"),
         (ResponsesRequest, {"background": True}, "background"),
         (ResponsesRequest, {"instructions": "x", "previous_response_id": "resp_1"}, "instructions"),
