@@ -10,6 +10,8 @@ token (greedy), measured in three ways in the same run:
   turn each call, so only the 32 new tokens are prefilled);
 - full hit: the same prompt again (its end state and logits are cached: no prefill at all).
 
+The three are called in turn (round-robin, medians), so each sees the same load.
+
 Also: the cost of forking one slot's state into n new slots (time and bytes), which is what
 n > 1 and session forks pay instead of n prefills. Ratios (cold / hit) come from the same run.
 
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -55,6 +59,21 @@ def ttft(eng: Engine, cache: PrefixCache | None, prompt: list[int]) -> int:
         eng.close(s)
 
 
+def interleaved(fns: list, budget_s: float, min_rounds: int = 3) -> list[float]:
+    """Median seconds per call of each fn, calling them in turn (after one warm-up round) so
+    that every variant sees the same load of the shared machine."""
+    for fn in fns:
+        fn()
+    times: list[list[float]] = [[] for _ in fns]
+    start = time.perf_counter()
+    while len(times[0]) < min_rounds or time.perf_counter() - start < budget_s:
+        for fn, ts in zip(fns, times, strict=True):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+    return [statistics.median(ts) for ts in times]
+
+
 def fork_and_free(eng: Engine, src: int, n: int) -> None:
     for s in fork(eng, src, n).slots:
         eng.close(s)
@@ -87,10 +106,14 @@ def main() -> None:
 
         repeat = shared + fresh_turn()
         ttft(eng, cache, repeat)  # cache the whole prompt once
-        b = args.budget_s
-        cold, _ = time_calls(lambda p=shared: ttft(eng, None, p + fresh_turn()), b, 2, 20)
-        hit, _ = time_calls(lambda c=cache, p=shared: ttft(eng, c, p + fresh_turn()), b, 3, 200)
-        full, _ = time_calls(lambda c=cache, p=repeat: ttft(eng, c, p), b, 3, 500)
+        cold, hit, full = interleaved(
+            [
+                lambda p=shared: ttft(eng, None, p + fresh_turn()),
+                lambda c=cache, p=shared: ttft(eng, c, p + fresh_turn()),
+                lambda c=cache, p=repeat: ttft(eng, c, p),
+            ],
+            args.budget_s,
+        )
         st = cache.stats()
         rows.append(
             [n, cold * 1e3, hit * 1e3, full * 1e3, cold / hit, cold / full, st.bytes / 2**20]
