@@ -15,7 +15,12 @@ from hypothesis import strategies as st
 from dlr_runtime import load_recurrent
 from dlr_runtime.backends import make_backend
 from dlr_runtime.engine import Engine, PoolFullError, SamplingParams, sample_token
-from dlr_runtime.engine.cached_prefill import pin_prefix, prefill_cached, prefill_n
+from dlr_runtime.engine.cached_prefill import (
+    pin_prefix,
+    plan_prefill,
+    prefill_cached,
+    prefill_n,
+)
 from dlr_runtime.engine.prefix_cache import (
     KEY_BYTES_PER_TOKEN,
     PrefixCache,
@@ -257,6 +262,41 @@ def test_sibling_prompts_hit_at_their_branch_point_without_boundaries(engine):
             engine.close(s)
     assert got == [0, 0, len(shared)]  # the 2nd stored the branch point, the 3rd hit it
     assert cache.shared_length(shared + [1]) == len(shared) and len(cache) == 4
+
+
+def test_plan_drives_a_chunked_prefill_like_a_scheduler(engine):
+    """Pieces of a token budget that never cross an insert point; states land at the message
+    boundaries; the logits equal a cold prefill, and a second conversation hits the first's."""
+    cache = PrefixCache(64 << 20)
+    msgs = [b"System: be brief.\n", b"User: hello there\n", b"Assistant: "]
+    tokens, bounds = [256], []
+    for m in msgs:
+        tokens += list(m)
+        bounds.append(len(tokens))
+    for k, budget in enumerate((7, 64)):
+        s = engine.open()
+        try:
+            plan = plan_prefill(engine, cache, s, tokens, bounds[:-1])
+            pos = plan.cached
+            while pos < len(tokens):
+                end = plan.next_end(pos, budget)
+                assert end - pos <= budget and not any(pos < b < end for b in plan.points)
+                logits = engine.prefill([s], [tokens[pos:end]])[0]
+                plan.reached(engine, s, end, logits)
+                pos = end
+            assert torch.allclose(plan.logits, _cold(engine, tokens), atol=TOL)
+        finally:
+            engine.close(s)
+        if k == 0:
+            assert plan.cached == 0 and all(cache.contains(tokens[:b]) for b in bounds)
+        else:
+            assert plan.cached == len(tokens)  # the whole prompt came from the cache
+    other = tokens[: bounds[0]] + list(b"User: another\n")
+    s = engine.open()
+    try:
+        assert plan_prefill(engine, cache, s, other).cached == bounds[0]
+    finally:
+        engine.close(s)
 
 
 def test_cached_prefill_gives_identical_greedy_and_seeded_tokens(engine):
