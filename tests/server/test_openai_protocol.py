@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import openai
 import openai.types as oai
 import pytest
 import torch
@@ -16,6 +17,7 @@ from openai._models import construct_type  # the client's own parse path
 from openai.types import chat as oai_chat
 from openai.types import responses as oai_resp
 from pydantic import TypeAdapter, ValidationError
+from sse_starlette import EventSourceResponse
 
 from dlr_runtime.engine import ByteTokenizer
 from dlr_runtime.engine.logit_processors import logprobs
@@ -384,3 +386,106 @@ def test_token_text_of_special_and_raw_bytes():
     assert token_text(TOK, 256) == ("<bos>", None) and token_text(TOK, 257) == ("<eos>", None)
     assert token_text(TOK, 0x20) == (" ", [0x20])
     assert token_text(TOK, 0x7F) == ("bytes:\\x7f", [0x7F])
+
+
+# ---------------------------------------------------------------- the openai client end to end
+def _wire_app() -> FastAPI:
+    """A stand-in app that answers with this module's objects over HTTP and SSE (fixed text),
+    so the real `openai` client's request building, SSE decoding and parsing are exercised."""
+    app = FastAPI()
+    app.add_exception_handler(RequestValidationError, validation_handler)
+
+    def sse(objs):
+        async def gen():
+            for o in objs:
+                yield {
+                    "data": o.model_dump_json(),
+                    **({"event": o.type} if hasattr(o, "type") else {}),
+                }
+            if not any(hasattr(o, "type") for o in objs):
+                yield {"data": "[DONE]"}
+
+        return EventSourceResponse(gen())
+
+    @app.post("/v1/chat/completions")
+    def chat(req: ChatCompletionRequest):
+        try:
+            job = req.to_job(TOK, TPL, 8)
+        except UnsupportedField as e:
+            return e.response()
+        usage = Usage.of(len(job.tokens), 2, cached=len(job.tokens) - 1)
+        if not job.stream:
+            return ChatCompletion(
+                model="byte-lm",
+                choices=[
+                    ChatChoice(index=i, message=ChatMessageOut(content="Hi"), finish_reason="stop")
+                    for i in range(len(job.sampling))
+                ],
+                usage=usage,
+            )
+        base = dict(id="chatcmpl-1", created=1, model="byte-lm")
+        chunks = [
+            ChatCompletionChunk(
+                **base,
+                choices=[ChunkChoice(index=0, delta=ChatDelta(role="assistant", content=""))],
+            ),
+            ChatCompletionChunk(
+                **base, choices=[ChunkChoice(index=0, delta=ChatDelta(content="H"))]
+            ),
+            ChatCompletionChunk(
+                **base,
+                choices=[ChunkChoice(index=0, delta=ChatDelta(content="i"), finish_reason="stop")],
+            ),
+        ]
+        if job.include_usage:
+            chunks.append(ChatCompletionChunk(**base, choices=[], usage=usage))
+        return sse(chunks)
+
+    @app.post("/v1/responses")
+    def responses(req: ResponsesRequest):
+        try:
+            job = req.to_job(TOK, TPL, 8)
+        except UnsupportedField as e:
+            return e.response()
+        r = ResponseObject(model="byte-lm", previous_response_id=job.previous_response_id)
+        if not job.stream:
+            r.set_text("Hi", "stop")
+            r.usage = ResponseUsage.of(len(job.tokens), 2)
+            return r
+        st = ResponseStream(r)
+        events = [*st.opening(), st.delta("H"), st.delta("i")]
+        r.set_text("Hi", "stop")
+        return sse([*events, *st.closing(r)])
+
+    return app
+
+
+def test_openai_client_parses_our_objects_streaming_and_not():
+    with TestClient(_wire_app()) as http:
+        client = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http)
+        msgs = [{"role": "user", "content": "Hello"}]
+        out = client.chat.completions.create(model="byte-lm", messages=msgs, n=2, seed=1)
+        assert [c.message.content for c in out.choices] == ["Hi", "Hi"]
+        assert out.usage.prompt_tokens_details.cached_tokens == out.usage.prompt_tokens - 1
+        stream = client.chat.completions.create(
+            model="byte-lm", messages=msgs, stream=True, stream_options={"include_usage": True}
+        )
+        chunks = list(stream)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hi"
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 2
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(
+                model="byte-lm", messages=msgs, response_format={"type": "json_object"}
+            )
+        assert e.value.status_code == 400 and e.value.body["param"] == "response_format"
+
+        r = client.responses.create(model="byte-lm", input="Hello")
+        assert r.output_text == "Hi" and r.status == "completed"
+        r2 = client.responses.create(model="byte-lm", input="More", previous_response_id=r.id)
+        assert r2.previous_response_id == r.id
+        kinds, text = [], ""
+        for ev in client.responses.create(model="byte-lm", input="Hello", stream=True):
+            kinds.append(ev.type)
+            if ev.type == "response.output_text.delta":
+                text += ev.delta
+        assert text == "Hi" and kinds[0] == "response.created" and kinds[-1] == "response.completed"
