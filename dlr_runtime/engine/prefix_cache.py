@@ -2,7 +2,8 @@
 
 A DLR model's state after a prefix is exact at every token and of fixed size (a few hundred
 kilobytes for the shipped byte LM), so a prompt that extends any cached prefix only needs the
-rest prefilled. `PrefixCache` keeps such states:
+rest prefilled. `PrefixCache` keeps such states for ONE model (one cache per engine; states of
+other weights or another state layout must never be looked up in it; `clear()` on a reload):
 
 - `insert(tokens, state, logits=None, pin=False)` stores a *copy* of `state` (one slot's state
   in the engine's canonical layout: name -> tensor without the batch axis) and, when given, the
@@ -15,15 +16,15 @@ rest prefilled. `PrefixCache` keeps such states:
 - Pinned entries (`pin=True`, e.g. from `POST /v1/prefixes`) are never evicted; `unpin` and
   `remove` undo them.
 
-Memory is bounded by `max_bytes`: the bytes of every stored tensor plus 8 bytes per token on
-the tree's edges (for long prompts the keys cost about as much as a state). Eviction is LRU over
-unpinned entries (least recently inserted or hit goes first). Every entry of one model holds
-the same state bytes, so a cost-aware score ("prefill saved per byte held", as in Marconi)
-reduces to the tokens an entry saves beyond its nearest cached ancestor; that refinement is not
-implemented: recency already tracks which conversations are live, and an evicted entry's
-ancestors (message boundaries) still serve most of its prefix. An insert that cannot fit even
-after evicting every unpinned entry is dropped (counted in `stats().rejected`); pinning beyond
-the bound raises `PrefixCacheFull`.
+Memory is bounded by `max_bytes`: the bytes of every stored tensor plus 8 bytes per token on the
+tree's edges (one tuple slot; byte-level token ids are interned small ints; for long prompts the
+keys cost about as much as a state). Eviction is LRU over unpinned entries (least recently
+inserted or hit goes first). Every entry of one model holds the same state bytes, so a cost-
+aware score ("prefill saved per byte held", as in Marconi) reduces to the tokens an entry saves
+beyond its nearest cached ancestor; that refinement is not implemented: recency already tracks
+which conversations are live, and an evicted entry's ancestors (message boundaries) still serve
+most of its prefix. An insert that cannot fit even after evicting every unpinned entry is
+dropped (counted in `stats().rejected`); pinning beyond the bound raises `PrefixCacheFull`.
 
 Thread-safety: every public method takes one internal lock, so the engine thread may insert and
 look up while another thread (metrics, an admin route) reads `stats()` or pins. States are
