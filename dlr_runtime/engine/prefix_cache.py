@@ -19,11 +19,11 @@ other weights or another state layout must never be looked up in it; `clear()` o
 Memory is bounded by `max_bytes`: the bytes of every stored tensor plus 8 bytes per token on the
 tree's edges (one tuple slot; byte-level token ids are interned small ints; for long prompts the
 keys cost about as much as a state). Eviction is LRU over unpinned entries (least recently
-inserted or hit goes first). Every entry of one model holds the same state bytes, so a cost-
-aware score ("prefill saved per byte held", as in Marconi) reduces to the tokens an entry saves
-beyond its nearest cached ancestor; that refinement is not implemented: recency already tracks
-which conversations are live, and an evicted entry's ancestors (message boundaries) still serve
-most of its prefix. An insert that cannot fit even after evicting every unpinned entry is
+inserted or hit goes first). Every entry of one model holds the same state bytes, so a
+cost-aware score ("prefill saved per byte held", as in Marconi) reduces to the tokens an entry
+saves beyond its nearest cached ancestor; that refinement is not implemented: recency already
+tracks which conversations are live, and an evicted entry's ancestors (message boundaries) still
+serve most of its prefix. An insert that cannot fit even after evicting every unpinned entry is
 dropped (counted in `stats().rejected`); pinning beyond the bound raises `PrefixCacheFull`.
 
 Thread-safety: every public method takes one internal lock, so the engine thread may insert and
