@@ -51,7 +51,7 @@ class LiveServer:
         cfg = uvicorn_config(
             self.app, settings, host="127.0.0.1", port=self.port, log_level="warning"
         )
-        self.server = DrainingServer(cfg, self.app.state.dlr)
+        self.server = DrainingServer(cfg, self.app.state.sessions)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property

@@ -15,6 +15,7 @@ import websockets
 
 from tests.conftest import LM_NAME
 from tests.server.conftest import LiveServer, ServerProcess, make_settings
+from tests.server.faults import install
 from tests.server.wshelp import (
     SPEECH,
     TEXT,
@@ -47,12 +48,12 @@ def test_draining_refuses_new_work_and_finishes_in_flight(models_dir, tmp_path):
     srv = LiveServer(make_settings(models_dir, state_dir=tmp_path / "state", drain_timeout_s=20))
     srv.__enter__()
     st = srv.app.state.dlr
-    sched = st.models[LM_NAME].scheduler
+    faults = install(st.models[LM_NAME].scheduler)
 
     async def main():
         ws, _ = await text_start(srv.ws)
         await send_json(ws, {"type": "append", "text": "abc"})
-        sched.paused = True  # the generation cannot finish yet
+        faults.pause()  # the generation cannot finish yet
         await send_json(ws, {"type": "generate", "max_new_tokens": 5, "temperature": 0})
         await asyncio.sleep(0.2)
         stopper = threading.Thread(target=lambda: setattr(srv.server, "should_exit", True))
@@ -66,7 +67,7 @@ def test_draining_refuses_new_work_and_finishes_in_flight(models_dir, tmp_path):
             gen = await h.post(srv.http + "/v1/generate", json={"prompt": "x", "max_new_tokens": 2})
         ws2 = await websockets.connect(srv.ws + TEXT)
         refused = await recv_json(ws2)
-        sched.paused = False  # in-flight work completes, then the client is told
+        faults.resume()  # in-flight work completes, then the client is told
         text, done = await text_collect(ws)
         bye = await recv_json(ws)
         await ws.wait_closed()

@@ -115,16 +115,36 @@ def test_unknown_and_wrong_kind_model(client):
 
 
 def test_session_limit_gives_429_with_retry_after(client):
-    st = client.app.state.dlr
-    st.sessions = st.settings.max_sessions  # every slot taken by other sessions
+    m = client.app.state.dlr.models[LM_NAME]
+    m.sessions = client.app.state.dlr.settings.max_sessions  # every slot taken by others
     try:
         r = client.post("/v1/generate", json={"prompt": "x"})
         assert r.status_code == 429
         assert r.headers["retry-after"] == "1"
         assert r.json()["error"]["code"] == "overloaded"
     finally:
-        st.sessions = 0
+        m.sessions = 0
     assert client.post("/v1/generate", json={"prompt": "x", "max_new_tokens": 1}).status_code == 200
+
+
+def test_session_limits_are_per_model_with_a_separate_server_wide_cap(models_dir):
+    """A full speech model does not block text generation; `max_total_sessions` does."""
+    with TestClient(create_app(make_settings(models_dir, max_total_sessions=3))) as c:
+        st = c.app.state.dlr
+        st.models[SPEECH_NAME].sessions = st.settings.max_sessions
+        st.sessions = st.settings.max_sessions  # (the server-wide count includes them)
+        try:
+            r = c.post("/v1/generate", json={"prompt": "x", "max_new_tokens": 1})
+            assert r.status_code == 429  # max_total_sessions=3 is reached
+            assert "max_total_sessions" in r.json()["error"]["message"]
+            st.sessions = 2
+            assert (
+                c.post("/v1/generate", json={"prompt": "x", "max_new_tokens": 1}).status_code == 200
+            )
+        finally:
+            st.models[SPEECH_NAME].sessions = 0
+            st.sessions = 0
+        assert c.get("/v1/models").json()["data"][0]["limits"]["max_total_sessions"] == 3
 
 
 def test_metrics_exposed(client):
