@@ -14,7 +14,7 @@ import pytest
 import websockets
 
 from tests.conftest import LM_NAME
-from tests.server.conftest import LiveServer, ServerProcess, make_settings
+from tests.server.conftest import LiveServer, make_settings, process_server
 from tests.server.faults import install
 from tests.server.wshelp import (
     SPEECH,
@@ -92,7 +92,7 @@ def test_sigterm_mid_stream_then_restart_resumes_all(models_dir, tmp_path):
     clips = [clip(i) for i in range(3)]
     gen = {"max_new_tokens": 60, "temperature": 0.9, "seed": 11}
     turns = ["Hi there", " go on", " third"]
-    a = ServerProcess(models_dir, tmp_path / "a.log", state_dir=state, resume_grace_s=60)
+    a = process_server(models_dir, tmp_path / "a.log", state_dir=state, resume_grace_s=60)
     with a:
 
         async def first_half():
@@ -134,7 +134,7 @@ def test_sigterm_mid_stream_then_restart_resumes_all(models_dir, tmp_path):
     files = sorted(state.glob("*.state"))
     assert len(files) == 5
     (state / ("0" * 32 + ".state")).write_bytes(files[0].read_bytes()[:-10] + b"corrupted!")
-    b = ServerProcess(models_dir, tmp_path / "b.log", state_dir=state, resume_grace_s=60)
+    b = process_server(models_dir, tmp_path / "b.log", state_dir=state, resume_grace_s=60)
     with b:
 
         async def second_half():
