@@ -28,119 +28,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from dlr_runtime.engine import (
     Engine,
-    IncrementalDecoder,
     SamplingParams,
-    StopMatcher,
-    sample_token,
 )
 
-from .events import TOP_N, Done, Failed, Final, GenEvent, Progress, Scores, SpeechEvent, Token
+from .events import Done, Failed, Final, Progress, Token
 from .metrics import Metrics
-
-_ids = itertools.count()
-
-
-class BatchError(RuntimeError):
-    """The batch this session's work was in failed; the message says why."""
-
-
-@dataclass
-class TextSession:
-    slot: int
-    pending: list[int]  # tokens sampled or appended but not yet fed to the state
-    last_logits: torch.Tensor | None = None  # (V,) logits after the last fed token
-    busy: bool = False  # a generation is running
-    inflight: asyncio.Future | None = None  # a prefill waiting for its batch
-
-
-@dataclass
-class Generation:
-    session: TextSession
-    params: SamplingParams
-    feed: list[int]  # tokens to prefill before the first sample
-    events: asyncio.Queue[GenEvent] = field(default_factory=asyncio.Queue)
-    gen: torch.Generator | None = None
-    decoder: IncrementalDecoder = field(default_factory=IncrementalDecoder)
-    stop: StopMatcher | None = None
-    next_token: int | None = None  # sampled, not yet fed
-    sampled: list[int] = field(default_factory=list)  # every token sampled, in order
-    n_generated: int = 0
-    prompt_tokens: int = 0
-    created: float = field(default_factory=time.perf_counter)
-    last_time: float = 0.0
-    done: bool = False
-    cancelled: bool = False
-    finished: asyncio.Event = field(default_factory=asyncio.Event)
-    seq: int = field(default_factory=lambda: next(_ids))
-
-    def __post_init__(self) -> None:
-        self.gen = self.params.generator()
-        self.stop = StopMatcher(self.params.stop)
-        self.prompt_tokens = len(self.feed)
-
-
-@dataclass
-class SpeechStream:
-    slot: int
-    stride: int
-    resampler: Any = None  # client rate -> model rate (StreamResampler); None: same rate
-    chunks: list[torch.Tensor] = field(default_factory=list)  # waiting samples (model rate)
-    buffered: int = 0  # samples waiting
-    consumed: int = 0  # samples fed to the model
-    received: int = 0  # samples queued (consumed + buffered + in the running batch)
-    ended: bool = False  # no more audio; the final is due once everything is fed
-    final_sent: bool = False
-    failed: bool = False
-    events: asyncio.Queue[SpeechEvent] = field(default_factory=asyncio.Queue)
-    seq: int = field(default_factory=lambda: next(_ids))
-
-    def take(self, n: int) -> torch.Tensor:
-        if not self.chunks:
-            return torch.zeros(0)
-        x = torch.cat(self.chunks) if len(self.chunks) > 1 else self.chunks[0]  # (buffered,)
-        head, rest = x[:n], x[n:]
-        self.chunks = [rest] if rest.numel() else []
-        self.buffered -= n
-        return head
-
-
-@dataclass
-class _Resample:
-    stream: SpeechStream
-    samples: torch.Tensor | None  # (L,) at the client rate; None = flush the resampler's tail
-    fut: asyncio.Future  # resolved once the output is queued
-
-
-@dataclass
-class _Prefill:
-    fut: asyncio.Future  # resolved with the logits (V,) after the last token
-    slot: int
-
-
-@dataclass
-class _Batch:
-    prefill: list[tuple[Any, list[int]]] = field(
-        default_factory=list
-    )  # (Generation|_Prefill, toks)
-    prefill_last: list[bool] = field(default_factory=list)  # the item's last piece of prompt
-    sample_only: list[Generation] = field(default_factory=list)
-    decode: list[Generation] = field(default_factory=list)
-    audio: list[tuple[SpeechStream, torch.Tensor]] = field(default_factory=list)
-    audio_final: list[bool] = field(default_factory=list)  # the stream's last row: send Final
-
-    def empty(self) -> bool:
-        return not (self.prefill or self.sample_only or self.decode or self.audio)
+from .work import (
+    Batch,
+    BatchError,
+    Generation,
+    Prefill,
+    Resample,
+    SpeechStream,
+    TextSession,
+    resample_all,
+    sample_row,
+    top_classes,
+)
 
 
 class Scheduler:
@@ -174,7 +87,7 @@ class Scheduler:
         self._starting: list[Generation] = []
         self._running: OrderedDict[int, Generation] = OrderedDict()
         self._streams: OrderedDict[int, SpeechStream] = OrderedDict()
-        self._resamples: list[_Resample] = []
+        self._resamples: list[Resample] = []
         self._wake = asyncio.Event()
         self._bg: set[asyncio.Task] = set()
         self._task: asyncio.Task | None = None
@@ -220,7 +133,7 @@ class Scheduler:
         (raises BatchError when its row or batch failed)."""
         fut = asyncio.get_running_loop().create_future()
         session.inflight = fut
-        self._prefills.append((_Prefill(fut, session.slot), list(tokens)))
+        self._prefills.append((Prefill(fut, session.slot), list(tokens)))
         self._kick()
         logits = await asyncio.shield(fut)
         session.inflight = None
@@ -287,7 +200,7 @@ class Scheduler:
 
     async def _resample(self, s: SpeechStream, samples: torch.Tensor | None) -> None:
         fut = asyncio.get_running_loop().create_future()
-        self._resamples.append(_Resample(s, samples, fut))
+        self._resamples.append(Resample(s, samples, fut))
         self._kick()
         await fut
 
@@ -342,8 +255,8 @@ class Scheduler:
     def _has_work(self) -> bool:
         return bool(self._running or self._resamples or self.queue_depth())
 
-    def _collect(self) -> _Batch:
-        b = _Batch()
+    def _collect(self) -> Batch:
+        b = Batch()
         cap = self.max_batch_size
         for g in list(self._running.values()):
             if g.cancelled:
@@ -389,7 +302,7 @@ class Scheduler:
             self._streams.move_to_end(key)
         return b
 
-    def _add_prefill(self, b: _Batch, item: Any, toks: list[int], carry: list) -> None:
+    def _add_prefill(self, b: Batch, item: Any, toks: list[int], carry: list) -> None:
         """Add at most `max_prefill_tokens` of a prompt (so decodes of other sessions are not
         held up by a long prompt); the rest waits in `carry`."""
         n = self.max_prefill_tokens
@@ -430,7 +343,7 @@ class Scheduler:
 
     async def _run_resamples(self) -> None:
         jobs, self._resamples = self._resamples, []
-        outs = await self._call(_resample_all, jobs)
+        outs = await self._call(resample_all, jobs)
         for job, y in zip(jobs, outs, strict=True):
             if job.fut.done():
                 continue
@@ -441,7 +354,7 @@ class Scheduler:
                 job.fut.set_result(None)
 
     # ------------------------------------------------------------------ engine thread
-    def _execute(self, b: _Batch) -> dict[str, Any]:
+    def _execute(self, b: Batch) -> dict[str, Any]:
         eng, m, name = self.engine, self.metrics, self.name
         out: dict[str, Any] = {"prefill": [], "decode": [], "sample": [], "audio": []}
         if b.prefill:
@@ -453,9 +366,9 @@ class Scheduler:
             m.prompt_tokens.labels(name).inc(sum(len(t) for _, t in b.prefill))
             for (item, _), last, row in zip(b.prefill, b.prefill_last, logits, strict=True):
                 gen = item if last and isinstance(item, Generation) else None
-                out["prefill"].append(_row(row, gen) if last else (row, None))
+                out["prefill"].append(sample_row(row, gen) if last else (row, None))
         for g in b.sample_only:
-            out["sample"].append(_row(g.session.last_logits, g)[1])
+            out["sample"].append(sample_row(g.session.last_logits, g)[1])
         if b.decode:
             t0 = time.perf_counter()
             logits = eng.decode(
@@ -465,7 +378,7 @@ class Scheduler:
             m.batch_latency.labels(name, "decode").observe(time.perf_counter() - t0)
             m.batch_size.labels(name, "decode").observe(len(b.decode))
             for g, row in zip(b.decode, logits, strict=True):
-                out["decode"].append(_row(row, g))
+                out["decode"].append(sample_row(row, g))
         if b.audio:
             t0 = time.perf_counter()
             ys = eng.feed_audio([s.slot for s, _ in b.audio], [x for _, x in b.audio])
@@ -519,7 +432,7 @@ class Scheduler:
         task.add_done_callback(self._bg.discard)
 
     # ------------------------------------------------------------------ results
-    def _deliver(self, b: _Batch, out: dict[str, Any]) -> None:
+    def _deliver(self, b: Batch, out: dict[str, Any]) -> None:
         for (item, _), last, (row, tok) in zip(
             b.prefill, b.prefill_last, out["prefill"], strict=True
         ):
@@ -600,7 +513,7 @@ class Scheduler:
         tail = "" if reason == "stop" else g.stop.feed(g.decoder.flush())[0] + g.stop.flush()
         g.events.put_nowait(Done(reason, tail, g.n_generated))
 
-    def _fail(self, b: _Batch, e: BaseException) -> None:
+    def _fail(self, b: Batch, e: BaseException) -> None:
         """The engine call raised: every session of the batch fails."""
         err = BatchError(f"inference failed: {type(e).__name__}: {e}")
         failed = {id(item) for item, _ in b.prefill}
@@ -635,50 +548,4 @@ class Scheduler:
         s.events.put_nowait(Failed(str(err)))
 
 
-# ---------------------------------------------------------------------- engine-thread helpers
-def _row(row: torch.Tensor, g: Generation | None) -> tuple[torch.Tensor, int | Failed | None]:
-    """One row's logits (V,) and, for a generation, its sampled token; a row with non-finite
-    logits (or whose sampling raises) becomes `Failed`, for its own session only."""
-    if not bool(torch.isfinite(row).all()):
-        return row, Failed("inference failed: the model produced non-finite logits")
-    if g is None:
-        return row, None
-    try:
-        return row, sample_token(row, g.params, g.gen)
-    except (ValueError, RuntimeError) as e:
-        return row, Failed(f"inference failed: sampling: {e}")
-
-
-def top_classes(rows: list[torch.Tensor | None]) -> list[Scores | Failed | None]:
-    """Softmax probabilities and the top `TOP_N` classes of each score vector (C,), in one
-    batched call; None stays None, a non-finite row becomes `Failed`."""
-    idx = [i for i, r in enumerate(rows) if r is not None]
-    out: list[Scores | Failed | None] = [None] * len(rows)
-    if not idx:
-        return out
-    logits = torch.stack([rows[i] for i in idx])  # (K, C)
-    probs = torch.softmax(logits.double(), dim=-1)  # (K, C)
-    ok = torch.isfinite(probs).all(dim=-1).tolist()  # (K,)
-    vals, order = torch.topk(probs, min(TOP_N, probs.shape[-1]), dim=-1)  # (K, n)
-    for k, i in enumerate(idx):
-        if not ok[k]:
-            out[i] = Failed("the model produced non-finite class scores")
-            continue
-        top = tuple(
-            (c, round(p, 6)) for c, p in zip(order[k].tolist(), vals[k].tolist(), strict=True)
-        )
-        out[i] = Scores(top, logits[k])
-    return out
-
-
-def _resample_all(jobs: list[_Resample]) -> list[torch.Tensor | BaseException]:
-    """Resample every waiting chunk (engine thread); a failure is returned for its stream."""
-    out: list[torch.Tensor | BaseException] = []
-    for job in jobs:
-        r = job.stream.resampler
-        try:
-            y = r.flush() if job.samples is None else r.push(job.samples)
-            out.append(y)
-        except Exception as e:  # noqa: BLE001  (only this stream's chunk fails)
-            out.append(e)
-    return out
+__all__ = ["BatchError", "Generation", "Scheduler", "SpeechStream", "TextSession"]

@@ -111,6 +111,8 @@ async def start(store: SessionStore, conn: Conn, kind: SessionKind, msg: Any) ->
             sess = store.register(await kind.create(store, m, slot, msg))
     except PoolFullError:
         raise await conn.refuse(pool_full(ctx, m)) from None
+    except ValueError as e:  # a start the session cannot honour (e.g. its sample rate)
+        raise await conn.fail("invalid_message", str(e)) from None
     sess.conn = conn  # attached before ready: a failed send below detaches or finishes it
     try:
         await conn.send(sess.ready())

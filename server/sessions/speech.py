@@ -27,7 +27,7 @@ from ..errors import Closed
 from ..events import Failed, Final, Progress, Scores
 from ..protocol import SpeechEnd, SpeechStart
 from ..registry import ModelEntry
-from ..scheduler import SpeechStream
+from ..work import SpeechStream
 from ..ws import Conn
 from .store import LiveSession, SessionStore
 

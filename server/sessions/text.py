@@ -21,7 +21,7 @@ from ..context import AppContext
 from ..events import Done, Failed, GenEvent, Token
 from ..protocol import SamplingFields, TextAppend, TextGenerate, TextStart
 from ..registry import ModelEntry
-from ..scheduler import Generation, TextSession
+from ..work import Generation, TextSession
 from ..ws import Conn
 from .store import LiveSession, SessionStore, owned_slot
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from server.app import create_app
 from server.registry import valid_model_name
 from tests.conftest import LM_NAME, SPEECH_NAME
 from tests.server.conftest import make_settings
+from tests.server.waits import eventually_sync
 
 
 def sse_events(text: str) -> list:
@@ -167,11 +167,7 @@ def test_metrics_exposed(client):
     assert f'dlr_generated_tokens_total{{model="{LM_NAME}"}} 3.0' in text
     # the slot is freed by the scheduler just after the response is sent: allow it a moment
     freed = f'dlr_pool_slots_in_use{{model="{LM_NAME}"}} 0.0'
-    deadline = time.monotonic() + 5.0
-    while freed not in text and time.monotonic() < deadline:
-        time.sleep(0.05)
-        text = client.get("/metrics").text
-    assert freed in text
+    eventually_sync(lambda: freed in client.get("/metrics").text, timeout=5)
 
 
 def test_session_log_lines(client, caplog):

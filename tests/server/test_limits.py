@@ -17,6 +17,7 @@ import websockets
 from tests.conftest import LM_NAME, SPEECH_NAME
 from tests.server.conftest import LiveServer, make_settings
 from tests.server.faults import install
+from tests.server.waits import eventually
 from tests.server.wshelp import (
     TEXT,
     recv_json,
@@ -54,7 +55,7 @@ def test_idle_eviction_tells_the_client_on_both_endpoints(models_dir):
             await recv_json(ws)
             out.append((await recv_json(ws), ws))
             for _, w in out:
-                await w.wait_closed()
+                await asyncio.wait_for(w.wait_closed(), 10)
             return [(m, w.close_code) for m, w in out]
 
         res = asyncio.run(main())
@@ -152,12 +153,12 @@ def test_server_wide_queue_limit_refuses_new_work_only(models_dir):
             sched.max_chunk_frames = 1  # a paused engine holds one frame, the rest queues
             faults.pause()
             await ws.send(data)
-            await asyncio.sleep(0.2)
+            await eventually(lambda: sched.queued_audio_s() > 1.0, timeout=10)
             ws2 = await websockets.connect(srv.ws + "/v1/speech/stream")
             with contextlib.suppress(websockets.ConnectionClosed):  # refused at the handshake
                 await send_json(ws2, {"type": "start", "sample_rate": 16000})
             refused = await recv_json(ws2)
-            await ws2.wait_closed()
+            await asyncio.wait_for(ws2.wait_closed(), 10)
             async with httpx.AsyncClient() as h:
                 gen = await h.post(
                     srv.http + "/v1/generate", json={"prompt": "a", "max_new_tokens": 1}
