@@ -13,6 +13,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
@@ -75,8 +76,9 @@ def _usage(prompt_tokens: int, completion_tokens: int, total: bool = False) -> d
 
 def _sse(run: Run, events: AsyncIterator[dict | str]) -> EventSourceResponse:
     async def gen() -> AsyncIterator[str]:
-        async for ev in events:
-            yield ev if isinstance(ev, str) else json.dumps(ev)
+        async with aclosing(events):  # (the run's events inside close with it)
+            async for ev in events:
+                yield ev if isinstance(ev, str) else json.dumps(ev)
 
     return EventSourceResponse(
         gen(),
@@ -90,15 +92,16 @@ def _sse(run: Run, events: AsyncIterator[dict | str]) -> EventSourceResponse:
 async def _collect(run: Run) -> tuple[str, Done] | Failed:
     """A non-streaming generation: the whole text and its `Done`, or its `Failed`."""
     text = []
-    async for ev in run.events():
-        match ev:
-            case Token(text=piece):
-                text.append(piece)
-            case Done(tail=tail):
-                text.append(tail)
-                return "".join(text), ev
-            case Failed():
-                return ev
+    async with aclosing(run.events()) as events:  # (closing it frees the slot now)
+        async for ev in events:
+            match ev:
+                case Token(text=piece):
+                    text.append(piece)
+                case Done(tail=tail):
+                    text.append(tail)
+                    return "".join(text), ev
+                case Failed():
+                    return ev
     raise RuntimeError("generation ended without Done or Failed")
 
 
