@@ -16,6 +16,7 @@ import websockets
 from tests.conftest import LM_NAME
 from tests.server.conftest import LiveServer, make_settings, process_server
 from tests.server.faults import install
+from tests.server.waits import eventually
 from tests.server.wshelp import (
     SPEECH,
     TEXT,
@@ -51,18 +52,16 @@ def test_draining_refuses_new_work_and_finishes_in_flight(models_dir, tmp_path):
     faults = install(st.models[LM_NAME].scheduler)
 
     async def main():
-        ws, _ = await text_start(srv.ws)
+        ws, hello = await text_start(srv.ws)
         await send_json(ws, {"type": "append", "text": "abc"})
         faults.pause()  # the generation cannot finish yet
         await send_json(ws, {"type": "generate", "max_new_tokens": 5, "temperature": 0})
-        await asyncio.sleep(0.2)
+        live = srv.app.state.sessions.live  # (the append arrived; its prefill is held back)
+        await eventually(lambda: live[hello["session_id"]].messages_received >= 1)
         stopper = threading.Thread(target=lambda: setattr(srv.server, "should_exit", True))
         stopper.start()
         async with httpx.AsyncClient(timeout=5) as h:
-            for _ in range(100):
-                if (await h.get(srv.http + "/readyz")).status_code == 503:
-                    break
-                await asyncio.sleep(0.02)
+            await eventually(lambda: not st.ready, timeout=5)
             ready = await h.get(srv.http + "/readyz")
             gen = await h.post(srv.http + "/v1/generate", json={"prompt": "x", "max_new_tokens": 2})
         ws2 = await websockets.connect(srv.ws + TEXT)
