@@ -190,3 +190,58 @@ def test_a_poisoned_row_fails_only_its_own_session(models_dir):
         await sp.stop()
 
     asyncio.run(main())
+
+
+def test_resampling_and_class_scores_run_on_the_engine_thread(models_dir, monkeypatch):
+    """The event loop only moves results: resampling a client's rate and the softmax/top-k of
+    partials and finals run on the engine thread (one job for every waiting stream)."""
+    import threading
+
+    from dlr_runtime.engine import StreamResampler
+    from server import scheduler as scheduler_module
+
+    threads: dict[str, set[str]] = {"resample": set(), "top": set()}
+
+    class Spy:
+        def __init__(self, inner):
+            self.inner = inner
+            self.orig, self.new = inner.orig, inner.new
+
+        def push(self, x):
+            threads["resample"].add(threading.current_thread().name)
+            return self.inner.push(x)
+
+        def flush(self):
+            threads["resample"].add(threading.current_thread().name)
+            return self.inner.flush()
+
+    real_top = scheduler_module.top_classes
+
+    def top(rows):
+        threads["top"].add(threading.current_thread().name)
+        return real_top(rows)
+
+    monkeypatch.setattr(scheduler_module, "top_classes", top)
+
+    async def main():
+        s = make(models_dir, SPEECH_NAME)
+        s.start()
+        x = torch.randn(44100, generator=torch.Generator().manual_seed(2))  # 1 s at 44.1 kHz
+        streams = [
+            s.open_stream(await s.open_slot(), Spy(StreamResampler(44100, 16000))) for _ in range(3)
+        ]
+        for st in streams:
+            await s.push_audio(st, x)
+            await s.end_audio(st)
+        finals = [await final_of(st) for st in streams]
+        await s.stop()
+        return finals, threading.current_thread().name
+
+    finals, loop_thread = asyncio.run(main())
+    ref = StreamResampler(44100, 16000)
+    n = ref.push(torch.randn(44100, generator=torch.Generator().manual_seed(2))).numel()
+    n += ref.flush().numel()  # samples at 16 kHz of the whole stream
+    assert all(isinstance(f, Final) and f.consumed == n for f in finals)
+    assert threads["resample"] and threads["top"]
+    assert all(t.startswith(f"engine-{SPEECH_NAME}") for t in threads["resample"] | threads["top"])
+    assert loop_thread not in threads["resample"] | threads["top"]
