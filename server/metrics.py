@@ -100,5 +100,48 @@ class Metrics:
             registry=r,
         )
 
+        # ---- durable sessions (server/durable.py)
+        self.parked_sessions = Gauge(
+            "dlr_parked_sessions",
+            "Sessions parked (no slot; state in RAM or the store)",
+            registry=r,
+        )
+        self.checkpoints = Counter(
+            "dlr_checkpoints_total", "Session checkpoints", ["event"], registry=r
+        )
+        self.checkpoint_backlog = Gauge(
+            "dlr_checkpoint_backlog", "Checkpoints not yet confirmed by the store", registry=r
+        )
+        self.store_degraded = Gauge(
+            "dlr_state_store_degraded", "1 while the state store is failing", registry=r
+        )
+        self.store_entries = Gauge("dlr_state_store_sessions", "Sessions stored", registry=r)
+        self.store_bytes = Gauge("dlr_state_store_bytes", "Bytes stored", registry=r)
+        self.parked_ram_bytes = Gauge(
+            "dlr_parked_ram_bytes", "Parked snapshots held in RAM", registry=r
+        )
+        self.store_write_p99 = Gauge(
+            "dlr_state_store_write_p99_seconds", "Recent store write latency, p99", registry=r
+        )
+        self.store_read_p99 = Gauge(
+            "dlr_state_store_read_p99_seconds", "Recent store read latency, p99", registry=r
+        )
+        self.store_failures_total = Gauge(
+            "dlr_state_store_failed_calls", "Failed state-store calls so far", registry=r
+        )
+        self.store_failures = Counter(
+            "dlr_state_store_failures_total", "State reads that failed", ["op"], registry=r
+        )
+        self.store_evictions = Counter(
+            "dlr_state_store_evictions_total", "Stored sessions evicted", ["reason"], registry=r
+        )
+        self.park_seconds = Histogram(
+            "dlr_park_seconds",
+            "Time to park or restore a session's state",
+            ["op"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -119,6 +119,7 @@ async def start(store: SessionStore, conn: Conn, kind: SessionKind, msg: Any) ->
     except BaseException:
         await store.finish(sess, "client_gone")  # it never got its resume token
         raise
+    await sess.checkpoint()  # (durable store: resumable after a crash from here on)
     return sess
 
 
@@ -133,6 +134,8 @@ async def resume(
     except ValidationError as e:
         raise await conn.fail("invalid_message", validation_message(e)[1]) from None
     sess = store.verify(msg.session_id, msg.resume_token)
+    if sess is None and store.recover is not None:  # not here: rebuild it from the store
+        sess = await store.recover(msg.session_id, msg.resume_token)
     if sess is None or sess.kind != kind:
         metrics.rejections.labels("resume_refused").inc()
         raise await conn.fail(
@@ -140,6 +143,8 @@ async def resume(
             "unknown session id or wrong resume token (the session may have expired)",
         )
     conn.model = sess.m.name
+    if msg.last_seq is not None and msg.last_seq > sess.outbox.seq:  # restored from a checkpoint
+        sess.resync(msg.last_seq)
     last = sess.sent_seq if msg.last_seq is None else min(msg.last_seq, sess.outbox.seq)
     await conn.send(
         {
@@ -150,6 +155,7 @@ async def resume(
             "last_seq": sess.outbox.seq,
             "replay_from": last + 1,
             "replay_truncated": sess.outbox.truncated(last),
+            **sess.durability(),
             **sess.resume_info(),
         }
     )

@@ -28,6 +28,7 @@ from .store import LiveSession, SessionStore, owned_slot
 
 class TextLive(LiveSession):
     kind = "text"
+    position_keys = ("messages_received",)
 
     def __init__(
         self,
@@ -116,6 +117,8 @@ class TextLive(LiveSession):
                         if tail:
                             await self.emit({"type": "token", "text": tail, "id": None})
                         await self.emit(_done_msg(reason, params, prompt_tokens, n))
+                        self.g = None
+                        await self.checkpoint()  # a finished turn: a safe point
                         return
                     case Failed(message=message):
                         self.g = self.pump = None  # (finish must not wait for this task)
