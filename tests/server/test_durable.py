@@ -10,7 +10,6 @@ for recovery.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import httpx
 import numpy as np
