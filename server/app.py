@@ -4,6 +4,7 @@ models and schedulers, session store, metrics) and the routes; routes reach them
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 from functools import partial
@@ -45,6 +46,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         for m in st.models.values():
             m.scheduler.start()
         restored = await restore_dir(store)
+        parker = None
+        if settings.park_after_idle_s > 0:
+            every = min(5.0, max(0.05, settings.park_after_idle_s / 4))
+            parker = asyncio.get_running_loop().create_task(store.park_idle(every))
         st.ready = True
         log.info(
             "serving %d model(s): %s; %d session(s) restored",
@@ -56,6 +61,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             st.ready = False
+            if parker is not None:
+                parker.cancel()
             for m in st.models.values():
                 await m.scheduler.stop()
             await st.durable.close(settings.drain_timeout_s)

@@ -46,7 +46,7 @@ from fastapi import Depends
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import HTTPConnection
 
-from dlr_runtime.engine import SnapshotError
+from dlr_runtime.engine import PoolFullError, SnapshotError
 from dlr_runtime.engine.snapshot import read_header
 
 from ..context import AppContext
@@ -124,6 +124,8 @@ class LiveSession:
         self.t0 = time.perf_counter()
         self.detached_since: float | None = None
         self._expiry: asyncio.Task | None = None
+        self.parked = False  # its state is in the parked tier, it holds no slot
+        self.idle_since = time.monotonic()  # end of its last turn (parking picks the oldest)
 
     # ---- durable checkpoints
     position_keys: tuple[str, ...] = ()  # fields of a snapshot's extra the client is told
@@ -150,6 +152,20 @@ class LiveSession:
         conn = self.conn
         if conn is not None and position and not self.closed:
             self.store.spawn(_send_quietly(conn, {"type": "checkpoint", **position}))
+
+    # ---- parking (text sessions between turns; see TextLive)
+    def parkable(self) -> bool:
+        return False
+
+    async def park(self) -> bool:
+        """Seal the state into the parked tier and free the slot; False when not now."""
+        return False
+
+    def counted(self, delta: int) -> None:
+        """A parked session holds no slot: it does not count against the session caps."""
+        self.m.sessions += delta
+        self.store.ctx.sessions += delta
+        self.store.ctx.metrics.parked_sessions.dec(delta)
 
     def resync(self, client_seq: int) -> None:
         """The client saw messages up to `client_seq`, past this (restored) outbox: a session
@@ -272,6 +288,38 @@ class SessionStore:
         self._bg: set[asyncio.Task] = set()
         # (sid, token) -> a session rebuilt from the durable store, or None (set by the app)
         self.recover: Recover | None = None
+
+    # ---- parking
+    async def make_room(self, m: ModelEntry) -> bool:
+        """Park the longest-idle parkable session of model `m`; False when there is none."""
+        while True:
+            idle = [x for x in self.live.values() if x.m is m and x.parkable()]
+            if not idle:
+                return False
+            if await min(idle, key=lambda x: x.idle_since).park():
+                self.ctx.metrics.evictions.labels(m.name, "parked_for_room").inc()
+                return True
+
+    async def take_slot(self, m: ModelEntry) -> int | None:
+        """A free slot of `m`, parking an idle session for it if needed (None: none)."""
+        while True:
+            try:
+                return await m.scheduler.open_slot()
+            except PoolFullError:
+                if not await self.make_room(m):
+                    return None
+
+    async def park_idle(self, every_s: float) -> None:
+        """Forever: park sessions idle longer than `park_after_idle_s`."""
+        after = self.ctx.settings.park_after_idle_s
+        while True:
+            await asyncio.sleep(every_s)
+            now = time.monotonic()
+            for sess in list(self.live.values()):
+                if sess.parkable() and now - sess.idle_since >= after:
+                    with contextlib.suppress(Exception):
+                        if await sess.park():
+                            self.ctx.metrics.evictions.labels(sess.m.name, "parked_idle").inc()
 
     def evicted(self, ev: Evicted) -> None:
         """The store dropped `ev.key` for its quotas or TTL: tell its client if connected."""

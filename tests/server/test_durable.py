@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from clients import AsyncChatSession, AsyncSpeechClient
+from tests.conftest import LM_NAME
 from tests.server.conftest import LiveServer, make_settings, process_server
 from tests.server.store.conftest import REDIS_BIN, RedisProc, redis_proc  # noqa: F401 (fixture)
 from tests.server.waits import eventually
-from tests.server.wshelp import recv_json, send_json, text_start
+from tests.server.wshelp import recv_json, send_json, text_start, text_turn
 
 SECRET = "test-secret-shared-by-replicas-0123456789"
 SCORE_TOL = 1e-5  # complex64 state: float32 rounding differs with chunking and batching
@@ -202,3 +203,62 @@ def test_sigkill_then_restart_resumes_with_identical_outputs(kind, models_dir, t
     assert final.audio_ms == pytest.approx(ref.audio_ms, abs=1.0)
     ms = [r.audio_ms for r in speech]
     assert ms == sorted(ms)  # no result redone after the crash was delivered twice
+
+
+# ---------------------------------------------------------------------- parking
+def test_pool_pressure_parks_idle_sessions_with_identical_results(models_dir):
+    """Six text sessions on a model with two slots: each new session parks the longest-idle
+    one (not evicted); every next turn restores it transparently; the conversations equal
+    the same ones run alone."""
+    n = 6
+    settings = make_settings(models_dir, max_sessions=2, park_after_idle_s=0)
+    with LiveServer(settings) as srv:
+        st = srv.app.state.dlr
+
+        async def alone(i: int) -> list[str]:
+            ws, _ = await text_start(srv.ws)
+            out = [(await text_turn(ws, f"{t} #{i}", GEN))[0] for t in TURNS]
+            await ws.close()
+            return out
+
+        async def interleaved() -> list[list[str]]:
+            conns = [(await text_start(srv.ws))[0] for _ in range(n)]  # 4 parked meanwhile
+            outs: list[list[str]] = [[] for _ in range(n)]
+            for t in TURNS:
+                for i, ws in enumerate(conns):
+                    outs[i].append((await text_turn(ws, f"{t} #{i}", GEN))[0])
+            for ws in conns:
+                await ws.close()
+            return outs
+
+        refs = [asyncio.run(alone(i)) for i in range(n)]
+        got = asyncio.run(interleaved())
+        parked = st.metrics.evictions.labels(LM_NAME, "parked_for_room")._value.get()
+        asyncio.run(asyncio.sleep(0.2))
+        slots = st.models[LM_NAME].engine.pool.in_use
+    assert got == refs
+    assert parked >= n * len(TURNS) - 2  # every turn but the first two found its slot taken
+    assert slots == 0
+
+
+def test_idle_session_is_parked_then_restored(models_dir):
+    settings = make_settings(models_dir, park_after_idle_s=0.2)
+    with LiveServer(settings) as srv:
+        st = srv.app.state.dlr
+        pool = st.models[LM_NAME].engine.pool
+
+        async def main():
+            ws, ready = await text_start(srv.ws)
+            first = (await text_turn(ws, TURNS[0], GEN))[0]
+            sess = srv.app.state.sessions.live[ready["session_id"]]
+            await eventually(lambda: sess.parked, timeout=10)
+            in_use = pool.in_use
+            second = (await text_turn(ws, TURNS[1], GEN))[0]
+            await ws.close()
+            ws, _ = await text_start(srv.ws)
+            ref = [(await text_turn(ws, t, GEN))[0] for t in TURNS[:2]]
+            await ws.close()
+            return [first, second], ref, in_use
+
+        got, ref, in_use = asyncio.run(main())
+    assert got == ref and in_use == 0
