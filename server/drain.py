@@ -65,6 +65,7 @@ async def drain(store: SessionStore) -> int:
     for sess in live:
         sess.cancel()
     await _wait(lambda: not any(s.busy() for s in live), time.monotonic() + 5)
+    n = await checkpoint_all(store)  # (before going_away: a client may resume elsewhere at once)
     d = st.durable
     resumable = settings.state_dir is not None or (d is not None and d.checkpoints)
     for sess in list(store.live.values()):
@@ -72,7 +73,6 @@ async def drain(store: SessionStore) -> int:
         sess.conn = None
         if conn is not None:
             await conn.going_away(sess.sid, resumable)
-    n = await checkpoint_all(store)
     if settings.state_dir is not None:
         root = Path(settings.state_dir)
         root.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,22 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+PARK_BUCKETS = (
+    0.0005,
+    0.001,
+    0.002,
+    0.003,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.1,
+    0.25,
+    1.0,
+)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -137,9 +153,10 @@ class Metrics:
         )
         self.park_seconds = Histogram(
             "dlr_park_seconds",
-            "Time to park or restore a session's state",
+            "Time to park a session, read its state back (restore), or bring it back into "
+            "a slot (unpark: read + verify + engine restore)",
             ["op"],
-            buckets=LATENCY_BUCKETS,
+            buckets=PARK_BUCKETS,
             registry=r,
         )
 

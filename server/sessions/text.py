@@ -220,6 +220,7 @@ class TextLive(LiveSession):
             return
         d = self.store.ctx.durable
         assert d is not None
+        t0 = time.perf_counter()
         r = await d.load(self.sid)
         if r is None:
             raise await self.fail(conn, "state_lost", "the parked session state was lost")
@@ -240,6 +241,7 @@ class TextLive(LiveSession):
             raise
         self.parked = False
         self.counted(+1)
+        d.metrics.park_seconds.labels("unpark").observe(time.perf_counter() - t0)
 
 
 def text_state(m: ModelEntry, slot: int, extra: dict) -> TextSession:
