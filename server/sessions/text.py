@@ -142,7 +142,7 @@ class TextLive(LiveSession):
 
     async def export(self, persist: bool = False) -> bytes:
         if self.parked:
-            raise SnapshotError("the session is parked; send a message to bring it back")
+            return await self.parked_state()
         if self.g is not None or self.text.inflight is not None:
             raise SnapshotError("a generation or prefill is running; export between turns")
         t = self.text
@@ -210,6 +210,17 @@ class TextLive(LiveSession):
             await self.m.scheduler.close_slot(self.text.slot)
             self.counted(-1)
         return True
+
+    async def parked_state(self) -> bytes:
+        """The engine snapshot a parked session left (with its identity fields)."""
+        d = self.store.ctx.durable
+        r = await d.load(self.sid) if d is not None else None
+        if r is None:
+            raise SnapshotError("the parked session state was lost")
+        try:
+            return d.unseal(r.data, self.m, self.sid).payload
+        except EnvelopeError as e:
+            raise SnapshotError(f"parked state refused: {e}") from None
 
     def parkable_now(self) -> bool:
         return not (self.parked or self.closed or self.g is not None or self.text.inflight)

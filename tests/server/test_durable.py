@@ -253,6 +253,10 @@ def test_idle_session_is_parked_then_restored(models_dir):
             sess = srv.app.state.sessions.live[ready["session_id"]]
             await eventually(lambda: sess.parked, timeout=10)
             in_use = pool.in_use
+            async with httpx.AsyncClient(timeout=10) as h:  # a parked session exports too
+                url = f"{srv.http}/v1/sessions/{ready['session_id']}/state"
+                r = await h.get(url, headers={"X-Resume-Token": ready["resume_token"]})
+                assert r.status_code == 200 and r.content.startswith(b"DLRSIG"), r.text
             second = (await text_turn(ws, TURNS[1], GEN))[0]
             await ws.close()
             ws, _ = await text_start(srv.ws)
