@@ -266,3 +266,29 @@ def test_idle_session_is_parked_then_restored(models_dir):
 
         got, ref, in_use = asyncio.run(main())
     assert got == ref and in_use == 0
+
+
+def test_store_quota_evicts_lru_and_tells_its_client(models_dir, tmp_path):
+    """state_max_sessions=2: a third session's checkpoint evicts the least recently written
+    one from the store; its connected client gets a `warning` `state_evicted`."""
+    settings = make_settings(
+        models_dir, state_store=f"dir:{tmp_path / 'st'}", state_secret=SECRET, state_max_sessions=2
+    )
+    with LiveServer(settings) as srv:
+
+        async def main():
+            socks = []
+            for _ in range(3):
+                ws, _ = await text_start(srv.ws)
+                while (await recv_json(ws))["type"] != "checkpoint":  # its start is stored
+                    pass
+                socks.append(ws)
+            warning = await asyncio.wait_for(recv_json(socks[0]), 10)
+            count = await srv.app.state.dlr.state_store.count()
+            for ws in socks:
+                await ws.close()
+            return warning, count
+
+        warning, count = asyncio.run(main())
+    assert warning["type"] == "warning" and warning["code"] == "state_evicted"
+    assert count == 2
