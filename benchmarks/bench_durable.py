@@ -140,7 +140,7 @@ async def parking(url: str, p: int) -> tuple[float, float, float, float, float]:
 
 async def failover(rs: Replicas, f: int, kills: int) -> list[float]:
     gaps: list[float] = []
-    seconds = 6.0 + 4.0 * kills
+    seconds = 6.0 + 20.0 * kills  # (a replica restart takes ~15 s on a loaded 2-core machine)
 
     async def one(k: int, go: asyncio.Event) -> None:
         async with AsyncSpeechClient(rs.lb, resume_timeout=90, max_reconnects=10) as cl:

@@ -122,6 +122,8 @@ async def recover(store: SessionStore, sid: str, token: str) -> LiveSession | No
         check_id(sid)
     except (StoreError, TypeError, ValueError):
         return None
+    if sid in store.live:  # here already (the token did not match it)
+        return None
     if ctx.durable is None or (r := await ctx.durable.load(sid)) is None:
         return None
     try:
