@@ -16,6 +16,9 @@ import numpy as np
 import pytest
 
 from clients import AsyncChatSession, AsyncSpeechClient
+from dlr_runtime.engine.snapshot import read_header
+from server.sessions.restore import unseal
+from server.store import open_store
 from tests.conftest import LM_NAME
 from tests.server.conftest import LiveServer, make_settings, process_server
 from tests.server.store.conftest import REDIS_BIN, RedisProc, redis_proc  # noqa: F401 (fixture)
@@ -80,37 +83,54 @@ def test_checkpoints_confirmed_and_signed_export(models_dir, tmp_path):
     )  # the imported session, checkpointed by the drain; the closed one is gone
 
 
-def test_redis_down_is_degraded_not_unready_then_drains(models_dir, tmp_path):
-    """Redis not running at start-up: the server starts, /readyz is 200 with degraded and the
-    reason once a checkpoint fails, live sessions keep working; Redis up -> backlog drains."""
+@pytest.mark.parametrize("when", ["at_start", "mid_load"])
+def test_redis_down_is_degraded_not_unready_then_drains(when, models_dir, tmp_path):
+    """Redis not running at start-up, or SIGKILLed while sessions run: the server starts / keeps
+    serving, /readyz is 200 with degraded and the reason once a checkpoint fails, live and new
+    sessions keep working; Redis back -> the backlog drains and the store holds the latest
+    checkpoint of the session (written while Redis was down)."""
     if REDIS_BIN is None:
         pytest.skip("redis-server is not installed (scripts/setup.sh installs it)")
     (tmp_path / "redis").mkdir()
-    redis = RedisProc(tmp_path / "redis")  # (its port is picked; it is not started yet)
+    redis = RedisProc(tmp_path / "redis")  # (its port is picked; started below)
+    if when == "mid_load":
+        redis.start()
     settings = make_settings(models_dir, state_store=redis.url, state_secret=SECRET)
     try:
         with LiveServer(settings) as srv:
-            d = srv.app.state.dlr.durable
+            st = srv.app.state.dlr
+            d = st.durable
 
             async def main():
-                ws, _ = await text_start(srv.ws)
+                ws, ready = await text_start(srv.ws)
+                if when == "mid_load":
+                    await text_collect_turn(ws)
+                    redis.kill()
                 async with httpx.AsyncClient(timeout=10) as h:
+                    text = await text_collect_turn(ws)  # (its checkpoint fails)
                     await eventually(lambda: d.writer.degraded, timeout=20)
                     down = await h.get(srv.http + "/readyz")
-                    text = await text_collect_turn(ws)
+                    ws2, _ = await text_start(srv.ws)  # a new session needs no store either
+                    text2 = await text_collect_turn(ws2)
                     redis.start()
                     await eventually(lambda: not d.writer.degraded and not d.writer.backlog, 30)
                     up = await h.get(srv.http + "/readyz")
+                reader = await open_store(redis.url)  # (a client of this event loop)
+                entry = await reader.get(ready["session_id"])
+                await reader.close()
                 await ws.close()
-                return down, text, up
+                await ws2.close()
+                return down, text, text2, up, entry
 
-            down, text, up = asyncio.run(main())
+            down, text, text2, up, entry = asyncio.run(main())
+            extra = read_header(unseal(st, entry.data).payload)["extra"]
     finally:
         redis.stop()
     assert down.status_code == 200 and down.json()["degraded"] is True
     assert "unavailable" in down.json()["degraded_reason"]
-    assert text  # the live session generated while the store was down
+    assert text and text2  # live and new sessions generated while the store was down
     assert up.json()["degraded"] is False
+    assert extra["messages_received"] == (4 if when == "mid_load" else 2)
 
 
 async def text_collect_turn(ws) -> str:
