@@ -12,6 +12,7 @@ pass as plain JSON. Every problem raises `SnapshotHeaderError` naming the field.
 from __future__ import annotations
 
 import json
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -91,32 +92,29 @@ class Header(BaseModel):
     extra: SessionFields = Field(default_factory=SessionFields)
 
 
-def _refuse_constant(name: str) -> Any:
-    raise SnapshotHeaderError(f"state snapshot header holds {name}, which is not plain JSON")
-
-
-def _depth(obj: Any) -> int:
-    """Deepest nesting of lists/dicts in `obj` (iterative: no recursion limit)."""
-    deepest, todo = 0, [(obj, 1)]
+def _check_tree(obj: Any) -> None:
+    """Refuse nesting deeper than MAX_DEPTH and non-finite numbers, naming where (iterative)."""
+    todo: list[tuple[Any, int, str]] = [(obj, 0, "")]
     while todo:
-        o, d = todo.pop()
-        if isinstance(o, dict):
-            items = o.values()
-        elif isinstance(o, list):
-            items = o
-        else:
-            continue
-        deepest = max(deepest, d)
-        if d > MAX_DEPTH:
-            break
-        todo.extend((v, d + 1) for v in items)
-    return deepest
+        o, depth, path = todo.pop()
+        if isinstance(o, float) and not math.isfinite(o):
+            where = path.lstrip(".") or "header"
+            raise SnapshotHeaderError(
+                f"state snapshot header field {where} holds {o}, which is not plain JSON"
+            )
+        if isinstance(o, (dict, list)):
+            if depth >= MAX_DEPTH:
+                raise SnapshotHeaderError(
+                    f"state snapshot header is nested deeper than {MAX_DEPTH} levels"
+                )
+            items = o.items() if isinstance(o, dict) else enumerate(o)
+            todo.extend((v, depth + 1, f"{path}.{k}") for k, v in items)
 
 
 def parse_header_json(raw: bytes) -> dict:
     """Header bytes -> dict: UTF-8, plain JSON, nested at most MAX_DEPTH, an object."""
     try:
-        obj = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+        obj = json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise SnapshotHeaderError(f"state snapshot header is not valid JSON: {e}") from None
     except RecursionError:
@@ -125,8 +123,7 @@ def parse_header_json(raw: bytes) -> dict:
         ) from None
     if not isinstance(obj, dict):
         raise SnapshotHeaderError("state snapshot header is not a JSON object")
-    if _depth(obj) > MAX_DEPTH:
-        raise SnapshotHeaderError(f"state snapshot header is nested deeper than {MAX_DEPTH} levels")
+    _check_tree(obj)
     return obj
 
 

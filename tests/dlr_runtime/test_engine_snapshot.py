@@ -127,3 +127,147 @@ def test_resampler_state_round_trip_continues_exactly():
     assert torch.equal(whole.flush(), moved.flush())
     with pytest.raises(ValueError):
         StreamResampler.from_state({"orig": 44100})
+
+
+# ---------------------------------------------------------------------- crafted headers
+def craft(blob: bytes, mutate=None, raw: bytes | None = None) -> bytes:
+    """`blob` with its header changed (by `mutate(header_dict)` or replaced by `raw` bytes)
+    and a valid digest: what anyone can make, since sha256 is no secret."""
+    import hashlib
+    import json
+    import struct
+
+    from dlr_runtime.engine.snapshot import MAGIC
+
+    hlen = struct.unpack_from("<I", blob, len(MAGIC) + 4)[0]
+    start = len(MAGIC) + 8
+    header = json.loads(blob[start : start + hlen])
+    payload = blob[start + hlen : -32]
+    if raw is None:
+        mutate(header)
+        raw = json.dumps(header).encode()
+    body = blob[: len(MAGIC) + 4] + struct.pack("<I", len(raw)) + raw + payload
+    return body + hashlib.sha256(body).digest()
+
+
+def _set(path: str, value):
+    def mutate(h: dict) -> None:
+        *keys, last = path.split(".")
+        o = h
+        for k in keys:
+            o = o[int(k)] if isinstance(o, list) else o.setdefault(k, {})
+        if isinstance(o, list):
+            o[int(last)] = value
+        else:
+            o[last] = value
+
+    return mutate
+
+
+SPEECH_EXTRA = {
+    "kind": "speech",
+    "start": {"type": "start", "sample_rate": 44100},
+    "consumed": 10,
+    "bytes_received": 20,
+    "buffered": "",
+}
+
+
+@pytest.mark.parametrize(
+    "path,value,field",
+    [
+        ("extra.appended", float("inf"), "appended"),
+        ("extra.consumed", -1, "consumed"),
+        ("extra.consumed", "10", "consumed"),
+        ("extra.consumed", 1e300, "consumed"),
+        ("extra.bytes_received", True, "bytes_received"),
+        ("extra.start.sample_rate", 10**9, "sample_rate"),
+        ("extra.start.sample_rate", 16000.5, "sample_rate"),
+        ("extra.resampler", {"orig": "x"}, "resampler"),
+        ("extra.session_id", "../escaped", "session_id"),
+        ("extra.pending", [1, -2], "pending"),
+        ("tensors", "not a list", "tensors"),
+        ("tensors.0.offset", -8, "offset"),
+        ("tensors.0.offset", 10**12, "tensors.0"),
+        ("tensors.0.nbytes", 3, "nbytes"),
+        ("tensors.0.dtype", "object", "dtype"),
+        ("model", 7, "model"),
+        ("config_hash", ["x"], "config_hash"),
+    ],
+)
+def test_every_header_field_is_validated(engines, path, value, field):
+    from dlr_runtime.engine.snapshot import InvalidHeader
+
+    _, eng = engines
+    a = eng.open()
+    blob = eng.snapshot(a, extra=dict(SPEECH_EXTRA))
+    eng.close(a)
+    bad = craft(blob, _set(path, value))
+    with pytest.raises(InvalidHeader, match=field):
+        read_header(bad)
+
+
+def test_non_standard_json_and_deep_nesting_are_refused(engines):
+    from dlr_runtime.engine.snapshot import InvalidHeader
+
+    _, eng = engines
+    a = eng.open()
+    blob = eng.snapshot(a, extra={"kind": "speech"})
+    eng.close(a)
+    text = read_header(blob)
+    assert text["extra"] == {"kind": "speech"}
+    for raw, why in [
+        (b'{"model": NaN}', "model holds nan, which is not plain JSON"),
+        (b'{"extra": {"x": [1, -Infinity]}}', "extra.x.1 holds -inf"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested deeper"),
+        (b'{"a": ' * 40 + b"1" + b"}" * 40, "nested deeper"),
+        (b"\xff\xfe", "not valid JSON"),
+        (b"[1, 2]", "not a JSON object"),
+    ]:
+        with pytest.raises(InvalidHeader, match=why):
+            read_header(craft(blob, raw=raw))
+
+
+# ---------------------------------------------------------------------- reachable states
+def test_huge_finite_state_is_refused_naming_the_field(engines):
+    from dlr_runtime.engine.snapshot import StateOutOfRange, pack
+
+    lm, _ = engines
+    a = lm.open()
+    row = {k: v.clone() for k, v in lm.pool.row(a).items()}
+    row["ssm"].view(-1)[3] = complex(3e38, 0)
+    with pytest.raises(StateOutOfRange, match="'ssm'.*beyond what this model reaches"):
+        lm.restore(a, pack(lm.name, lm.config_hash, row))
+    lm.close(a)
+
+
+def test_states_real_runs_reach_are_within_the_bound(engines):
+    """Adversarial but legal inputs (random bytes for 3000 steps; full-scale noise and a
+    clipped square wave for 4 s of audio) stay inside the bound, so no real export is refused;
+    the bound is far below 3e38."""
+    from dlr_runtime.engine.snapshot import check_state
+
+    lm, sp = engines
+    g = torch.Generator().manual_seed(5)
+    a = lm.open()
+    toks = torch.randint(0, 256, (3000,), generator=g).tolist()
+    lm.prefill([a], [toks])
+    for t in toks[:300]:
+        lm.decode([a], [t])
+    row = lm.pool.row(a)
+    check_state(row, lm._bounds)
+    ratio = (row["ssm"].abs() / lm._bounds["ssm"]).max().item()
+    assert ratio < 1  # (measured well below: the bound has a 4x margin and assumes worst phase)
+    assert lm._bounds["ssm"].max() < 1e12
+    lm.blob = lm.snapshot(a)
+    b = lm.open()
+    lm.restore(b, lm.blob)
+    lm.close(a)
+    lm.close(b)
+    s = sp.open()
+    noise = torch.rand(32000, generator=g) * 2 - 1
+    square = torch.sign(torch.sin(torch.arange(32000) * 0.05))
+    sp.feed_audio([s], [torch.cat([noise, square]) * 1.0])
+    check_state(sp.pool.row(s), sp._bounds)
+    sp.restore(s, sp.snapshot(s))
+    sp.close(s)
