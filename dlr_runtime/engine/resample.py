@@ -13,7 +13,8 @@ radius = ceil(6 * orig / fc) (16 taps when upsampling, 294 at 384 kHz -> 16 kHz)
 values of an output depend only on k mod n (n = new / gcd); when those n rows fit in
 `MAX_TABLE_BYTES` they come from a cached phase table (LRU bounded by total bytes), otherwise
 they are computed per output (cost `taps` per output sample, no table at all). Work is done in
-blocks of `_BLOCK` outputs, so memory is bounded by the block, not the chunk or the rates.
+blocks of at most `_BLOCK_ELEMS` kernel entries, so memory is bounded by the block, not the chunk
+or the rates.
 
 Streaming: `push` emits outputs whose whole window has arrived and keeps only the input still
 needed; `flush` pads the end with zeros. Each output's arithmetic depends only on absolute
@@ -37,7 +38,7 @@ ZERO_CROSSINGS = 6  # lowpass_filter_width of torchaudio's default
 ROLLOFF = 0.99
 MAX_TABLE_BYTES = 1 << 20  # one phase table at most (else kernels are computed per output)
 CACHE_BYTES = 8 << 20  # all cached phase tables together
-_BLOCK = 2048  # outputs computed per step: bounds the (block, taps) work arrays
+_BLOCK_ELEMS = 1 << 17  # (outputs x taps) per step: bounds the work arrays (~1 MiB each)
 
 
 class SampleRateError(ValueError):
@@ -75,6 +76,10 @@ class _Design:
     def first_input(self, k: torch.Tensor) -> torch.Tensor:
         """Index of the first input each output reads: floor(k * o / n) - radius. (M,)"""
         return torch.div(k * self.o, self.n, rounding_mode="floor") - self.radius
+
+    def first_input_of(self, k: int) -> int:
+        """`first_input` of one output index (Python ints, exact)."""
+        return k * self.o // self.n - self.radius
 
     def _rows(self, k: torch.Tensor) -> torch.Tensor:
         """Kernel rows of outputs k (M,) -> (M, taps) float64, computed from their formula."""
@@ -146,27 +151,46 @@ class StreamResampler:
         self._next = 0  # next output index to emit
         self.received = 0  # input samples so far
 
-    def _compute(self, k0: int, k1: int, padded: torch.Tensor) -> torch.Tensor:
-        """Outputs [k0, k1) from `padded` (input from index _start on, zeros beyond). (k1-k0,)"""
+    def _compute(self, k0: int, k1: int, tail: int) -> torch.Tensor:
+        """Outputs [k0, k1) (k1-k0,): the carried input, zeros before the stream and `tail`
+        zeros after it. Each output is sum(window * kernel row) over the same taps in the same
+        order whichever way its window is gathered, so chunking never changes a bit."""
         d = self._d
         assert d is not None
-        out = []
-        for lo in range(k0, k1, _BLOCK):
-            k = torch.arange(lo, min(lo + _BLOCK, k1), dtype=torch.int64)  # (M,)
-            idx = d.first_input(k)[:, None] + d._offsets - self._start  # (M, taps)
-            x = padded[idx.clamp_(min=-1) + 1]  # (M, taps); index -1 (before stream) -> 0
-            out.append((x * d.rows(k)).sum(-1).to(torch.float32))  # (M,)
-        return torch.cat(out) if out else torch.zeros(0)
-
-    def _padded(self, tail: int) -> torch.Tensor:
-        """[0] + buffer (float64) + `tail` zeros: index -1 and indices past the input read 0."""
-        z = torch.zeros(1, dtype=torch.float64)
-        return torch.cat([z, self._buf.to(torch.float64), z.new_zeros(tail)])
+        lead = max(0, self._start - d.first_input_of(k0))  # zeros before index 0 of the stream
+        padded = torch.cat(  # input from absolute index _start - lead on, float64
+            [
+                torch.zeros(lead, dtype=torch.float64),
+                self._buf.to(torch.float64),
+                torch.zeros(tail, dtype=torch.float64),
+            ]
+        )
+        base = self._start - lead  # absolute index of padded[0]
+        out = torch.empty(k1 - k0, dtype=torch.float32)
+        if d.table is not None and k1 - k0 >= 16 * d.n:  # long runs: one strided view per phase
+            per = max(1, _BLOCK_ELEMS // d.taps)  # outputs per phase per step
+            for lo in range(k0, k1, per * d.n):
+                hi = min(lo + per * d.n, k1)
+                for p in range(min(d.n, hi - lo)):
+                    count = (hi - 1 - (lo + p)) // d.n + 1
+                    x = padded.as_strided(
+                        (count, d.taps), (d.o, 1), d.first_input_of(lo + p) - base
+                    )  # (count, taps): windows of outputs lo+p, lo+p+n, ...
+                    row = d.table[(lo + p) % d.n]  # (taps,)
+                    out[lo + p - k0 : hi - k0 : d.n] = (x * row).sum(-1).to(torch.float32)
+            return out
+        block = max(1, _BLOCK_ELEMS // d.taps)
+        for lo in range(k0, k1, block):
+            k = torch.arange(lo, min(lo + block, k1), dtype=torch.int64)  # (M,)
+            idx = d.first_input(k)[:, None] + d._offsets - base  # (M, taps)
+            x = padded[idx]  # (M, taps)
+            out[lo - k0 : lo - k0 + k.numel()] = (x * d.rows(k)).sum(-1).to(torch.float32)
+        return out
 
     def _trim(self) -> None:
         """Drop input no later output reads."""
         assert self._d is not None
-        keep = max(self._start, int(self._d.first_input(torch.tensor([self._next]))[0]))
+        keep = max(self._start, self._d.first_input_of(self._next))
         self._buf = self._buf[keep - self._start :]
         self._start = keep
 
@@ -184,7 +208,7 @@ class StreamResampler:
         last = ((self.received - d.taps + d.radius + 1) * d.n - 1) // d.o
         if last < self._next:
             return x.new_zeros(0)
-        out = self._compute(self._next, last + 1, self._padded(0))
+        out = self._compute(self._next, last + 1, 0)
         self._next = last + 1
         self._trim()
         return out
@@ -198,8 +222,8 @@ class StreamResampler:
         total = -(-self.received * self.new // self.orig)  # ceil(received * new / orig)
         if total <= self._next:
             return torch.zeros(0)
-        end = int(d.first_input(torch.tensor([total - 1]))[0]) + d.taps
-        out = self._compute(self._next, total, self._padded(max(0, end - self.received)))
+        end = d.first_input_of(total - 1) + d.taps
+        out = self._compute(self._next, total, max(0, end - self.received))
         self._next = total
         self._buf = self._buf[:0]
         self._start = self.received
@@ -241,7 +265,7 @@ class StreamResampler:
         assert r._d is not None
         if r._start + r._buf.numel() != r.received:
             raise ValueError("bad resampler state: carried input does not end at received")
-        if r._start > max(0, int(r._d.first_input(torch.tensor([r._next]))[0])):
+        if r._start > max(0, r._d.first_input_of(r._next)):
             raise ValueError("bad resampler state: carried input starts after what is needed")
         if r._next > -(-r.received * r.new // r.orig):
             raise ValueError("bad resampler state: output position is past the input")

@@ -10,6 +10,7 @@ from dlr_runtime.backends import make_backend
 from dlr_runtime.engine import Engine, SnapshotError
 from dlr_runtime.engine.snapshot import MAGIC, read_header
 from tests.conftest import LM_NAME, SPEECH_NAME
+from tests.server.hardening_help import set_field
 
 
 @pytest.fixture(scope="module")
@@ -131,37 +132,10 @@ def test_resampler_state_round_trip_continues_exactly():
 
 # ---------------------------------------------------------------------- crafted headers
 def craft(blob: bytes, mutate=None, raw: bytes | None = None) -> bytes:
-    """`blob` with its header changed (by `mutate(header_dict)` or replaced by `raw` bytes)
-    and a valid digest: what anyone can make, since sha256 is no secret."""
-    import hashlib
-    import json
-    import struct
+    """`blob` with its header changed and a valid digest (anyone can recompute a sha256)."""
+    from tests.server.hardening_help import craft as craft_blob
 
-    from dlr_runtime.engine.snapshot import MAGIC
-
-    hlen = struct.unpack_from("<I", blob, len(MAGIC) + 4)[0]
-    start = len(MAGIC) + 8
-    header = json.loads(blob[start : start + hlen])
-    payload = blob[start + hlen : -32]
-    if raw is None:
-        mutate(header)
-        raw = json.dumps(header).encode()
-    body = blob[: len(MAGIC) + 4] + struct.pack("<I", len(raw)) + raw + payload
-    return body + hashlib.sha256(body).digest()
-
-
-def _set(path: str, value):
-    def mutate(h: dict) -> None:
-        *keys, last = path.split(".")
-        o = h
-        for k in keys:
-            o = o[int(k)] if isinstance(o, list) else o.setdefault(k, {})
-        if isinstance(o, list):
-            o[int(last)] = value
-        else:
-            o[last] = value
-
-    return mutate
+    return craft_blob(blob, header=mutate, raw_header=raw)
 
 
 SPEECH_EXTRA = {
@@ -202,7 +176,7 @@ def test_every_header_field_is_validated(engines, path, value, field):
     a = eng.open()
     blob = eng.snapshot(a, extra=dict(SPEECH_EXTRA))
     eng.close(a)
-    bad = craft(blob, _set(path, value))
+    bad = craft(blob, set_field(path, value))
     with pytest.raises(InvalidHeader, match=field):
         read_header(bad)
 
