@@ -113,6 +113,20 @@ def test_chunking_is_exactly_one_shot(orig, cuts):
     assert torch.equal(run(StreamResampler(orig, 16000), x, cuts), whole)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    orig=st.integers(MIN_SAMPLE_RATE, MAX_SAMPLE_RATE),
+    new=st.sampled_from([16000, 8000, 48000, 22050]),
+    cuts=st.lists(st.integers(0, 3000), max_size=5),
+)
+def test_any_rate_pair_chunks_exactly_with_the_right_length(orig, new, cuts):
+    x = torch.randn(3000, generator=torch.Generator().manual_seed(orig))
+    whole = run(StreamResampler(orig, new), x, [])
+    assert whole.numel() == math.ceil(3000 * new / orig)
+    assert torch.isfinite(whole).all()
+    assert torch.equal(run(StreamResampler(orig, new), x, cuts), whole)
+
+
 @pytest.mark.parametrize("orig", [44100, 22050, 1000, 48000])
 def test_long_and_short_pushes_agree_bitwise(orig):
     """Long pushes take one strided view per kernel phase, short ones gather each window:
