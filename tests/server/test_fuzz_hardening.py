@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 import websockets
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tests.server.hardening_help import Probe, craft, eventually, idle, serve, set_field, vm
@@ -32,7 +32,16 @@ from tests.server.test_hardening import (
 from tests.server.wshelp import SPEECH, TEXT, s16, send_json
 
 MiB = 1 << 20
-FUZZ = settings(deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+
+
+def fuzz(examples: int) -> settings:
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        derandomize=True,
+        phases=[Phase.explicit, Phase.generate],  # no shrinking: the server keeps state
+    )
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +58,6 @@ def _settled(srv) -> None:
 
 
 # ---------------------------------------------------------------------- odd sample rates
-@pytest.mark.slow
 @DANGEROUS
 def test_fuzz_odd_sample_rates(fsrv):
     """Any rate the protocol accepts, awkward ones favoured: a final of the right duration,
@@ -58,8 +66,7 @@ def test_fuzz_odd_sample_rates(fsrv):
     rss0 = vm(fsrv.proc.pid)["VmRSS"]
     awkward = st.sampled_from([1001, 4001, 8001, 11021, 44101, 96001, 191999, 383999])
 
-    @FUZZ
-    @settings(max_examples=20)
+    @fuzz(20)
     @given(rate=st.integers(1000, 384000) | awkward, chunk_ms=st.sampled_from([10, 37, 100]))
     def one(rate: int, chunk_ms: int) -> None:
         with Probe(fsrv) as probe:
@@ -130,8 +137,7 @@ def test_fuzz_crafted_headers(fsrv):
     _settled(fsrv)
     statuses: list[int] = []
 
-    @FUZZ
-    @settings(max_examples=60)
+    @fuzz(60)
     @given(
         kind=st.sampled_from(["text", "speech"]),
         edits=st.lists(st.tuples(st.sampled_from(FIELDS), values), min_size=1, max_size=3),
@@ -159,8 +165,7 @@ def test_fuzz_raw_headers(fsrv):
     _settled(fsrv)
     blob = arun(export_blob(fsrv, "text"))
 
-    @FUZZ
-    @settings(max_examples=40)
+    @fuzz(40)
     @given(
         raw=st.binary(max_size=64)
         | st.builds(lambda v: json.dumps(v).encode(), values)
@@ -172,6 +177,36 @@ def test_fuzz_raw_headers(fsrv):
 
     one()
     _settled(fsrv)
+
+
+def test_fuzz_f32_extremes_never_emit_nan(fsrv):
+    """pcm_f32le frames of extreme or odd values: every message is strict JSON (no NaN)."""
+    _settled(fsrv)
+    specials = np.array([3e38, -3e38, 1e-45, 0.0, -0.0, 1e30, -1.0, 1.0], dtype="<f4")
+
+    @fuzz(15)
+    @given(idx=st.lists(st.integers(0, len(specials) - 1), min_size=1, max_size=64))
+    def one(idx: list[int]) -> None:
+        async def main() -> None:
+            ws, ready = await start_speech(fsrv.ws, 16000, encoding="pcm_f32le")
+            assert ready["type"] == "ready"
+            await ws.send(np.repeat(specials[idx], 50).tobytes())
+            try:
+                await send_json(ws, {"type": "end"})
+                while True:
+                    text = await asyncio.wait_for(ws.recv(), 30)
+                    json.loads(text, parse_constant=_refuse)
+            except websockets.ConnectionClosed:
+                pass
+
+        arun(main())
+
+    one()
+    _settled(fsrv)
+
+
+def _refuse(name: str):
+    raise AssertionError(f"the server sent {name}, which is not JSON")
 
 
 # ---------------------------------------------------------------------- early closes
@@ -206,13 +241,18 @@ async def _early(url: str, kind: str, what: str, how: str, delay: float) -> None
 
 
 @pytest.mark.slow
-def test_fuzz_early_closes(fsrv):
+def test_fuzz_early_closes(tmp_path, models_dir):
     """Clients that leave at any point around `start` (clean close, going-away close, TCP
-    reset), many at once: afterwards nothing is left in use and a fresh client is served."""
+    reset), many at once: afterwards nothing is left in use and a fresh client is served.
+    (Its own server: a leak here must not fail the other fuzz tests.)"""
+    with serve(tmp_path, models_dir, max_sessions=8, resume_grace_s=1, idle_timeout_s=10) as s:
+        _early_closes(s)
+
+
+def _early_closes(fsrv) -> None:
     _settled(fsrv)
 
-    @FUZZ
-    @settings(max_examples=15)
+    @fuzz(15)
     @given(batch=actions)
     def one(batch: list) -> None:
         async def main() -> None:
@@ -230,34 +270,3 @@ async def _fresh(url: str) -> dict:
     ws, ready = await start_speech(url)
     await ws.close()
     return ready
-
-
-def test_fuzz_f32_extremes_never_emit_nan(fsrv):
-    """pcm_f32le frames of extreme or odd values: every message is strict JSON (no NaN)."""
-    _settled(fsrv)
-    specials = np.array([3e38, -3e38, 1e-45, 0.0, -0.0, 1e30, -1.0, 1.0], dtype="<f4")
-
-    @FUZZ
-    @settings(max_examples=15)
-    @given(idx=st.lists(st.integers(0, len(specials) - 1), min_size=1, max_size=64))
-    def one(idx: list[int]) -> None:
-        async def main() -> None:
-            ws, ready = await start_speech(fsrv.ws, 16000, encoding="pcm_f32le")
-            assert ready["type"] == "ready"
-            await ws.send(np.repeat(specials[idx], 50).tobytes())
-            try:
-                await send_json(ws, {"type": "end"})
-                while True:
-                    text = await asyncio.wait_for(ws.recv(), 30)
-                    json.loads(text, parse_constant=_refuse)
-            except websockets.ConnectionClosed:
-                pass
-
-        arun(main())
-
-    one()
-    _settled(fsrv)
-
-
-def _refuse(name: str):
-    raise AssertionError(f"the server sent {name}, which is not JSON")
