@@ -223,6 +223,8 @@ def check_state(row: dict[str, torch.Tensor], bounds: dict[str, torch.Tensor] | 
         if (t.is_floating_point() or t.is_complex()) and not torch.isfinite(t).all():
             raise StateOutOfRange(f"state snapshot tensor {name!r} has non-finite values")
     cap = {k: v for k, v in (bounds or {}).items() if k in row}
+    if "ssm" in row and "ssm" not in cap:  # (no model bound: the generic cap still applies)
+        cap["ssm"] = torch.full(row["ssm"].shape, STATE_ABS_CAP, dtype=torch.float64)
     if "ssm" in cap:
         over = row["ssm"].to(torch.complex128).abs() > cap["ssm"]
         if over.any():

@@ -245,3 +245,16 @@ def test_states_real_runs_reach_are_within_the_bound(engines):
     check_state(sp.pool.row(s), sp._bounds)
     sp.restore(s, sp.snapshot(s))
     sp.close(s)
+
+
+def test_without_model_bounds_the_generic_cap_applies():
+    """A backend that does not expose the torch form (ONNX) still refuses huge states."""
+    from dlr_runtime.engine.snapshot import STATE_ABS_CAP, StateOutOfRange, check_state
+
+    row = {"ssm": torch.zeros(2, 4, 3, dtype=torch.complex64)}
+    check_state(row, None)
+    row["ssm"][1, 2, 0] = complex(3e38, 0)
+    with pytest.raises(StateOutOfRange, match="'ssm'"):
+        check_state(row, None)
+    row["ssm"][1, 2, 0] = complex(STATE_ABS_CAP / 2, 0)
+    check_state(row, None)
