@@ -28,6 +28,7 @@ from tests.server.test_hardening import (
     sine,
     start_speech,
     stream_speech,
+    until_closed_or,
 )
 from tests.server.wshelp import SPEECH, TEXT, s16, send_json
 
@@ -191,13 +192,11 @@ def test_fuzz_f32_extremes_never_emit_nan(fsrv):
             ws, ready = await start_speech(fsrv.ws, 16000, encoding="pcm_f32le")
             assert ready["type"] == "ready"
             await ws.send(np.repeat(specials[idx], 50).tobytes())
-            try:
+            with contextlib.suppress(websockets.ConnectionClosed):
                 await send_json(ws, {"type": "end"})
-                while True:
-                    text = await asyncio.wait_for(ws.recv(), 30)
-                    json.loads(text, parse_constant=_refuse)
-            except websockets.ConnectionClosed:
-                pass
+            for text in await until_closed_or(ws, ("final", "error")):
+                json.loads(text, parse_constant=_refuse)
+            await ws.close()
 
         arun(main())
 

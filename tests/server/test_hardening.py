@@ -54,16 +54,36 @@ def sine(rate: int, seconds: float, freq: float = 440.0) -> np.ndarray:
     return (0.5 * np.sin(2 * np.pi * freq * t)).astype(np.float32)
 
 
+async def _first_reply(ws, start: dict) -> dict:
+    """Send `start`; the first reply, or {"type": "closed", "code"} if the server closed."""
+    try:
+        await send_json(ws, start)
+        return await recv_json(ws)
+    except websockets.ConnectionClosed as e:
+        code = e.rcvd.code if e.rcvd is not None else 1006
+        return {"type": "closed", "code": code, "reason": e.rcvd.reason if e.rcvd else ""}
+
+
 async def start_speech(url: str, rate: int = 16000, **start) -> tuple[object, dict]:
     ws = await websockets.connect(url + SPEECH, **WS_KW)
-    await send_json(ws, {"type": "start", "sample_rate": rate, "interim_results": False, **start})
-    return ws, await recv_json(ws)
+    msg = {"type": "start", "sample_rate": rate, "interim_results": False, **start}
+    return ws, await _first_reply(ws, msg)
 
 
 async def start_text(url: str) -> tuple[object, dict]:
     ws = await websockets.connect(url + TEXT, **WS_KW)
-    await send_json(ws, {"type": "start"})
-    return ws, await recv_json(ws)
+    return ws, await _first_reply(ws, {"type": "start"})
+
+
+async def until_closed_or(ws, kinds: tuple[str, ...], timeout: float = 30) -> list[str]:
+    """Raw text messages until one whose type is in `kinds`, or until the server closes."""
+    texts: list[str] = []
+    with contextlib.suppress(websockets.ConnectionClosed):
+        while True:
+            texts.append(await asyncio.wait_for(ws.recv(), timeout))
+            if json.loads(texts[-1]).get("type") in kinds:
+                break
+    return texts
 
 
 async def stream_speech(url: str, audio: np.ndarray, rate: int, chunk_s: float = 0.1) -> dict:
@@ -181,6 +201,7 @@ def clean(srv):
 
 
 # ---------------------------------------------------------------------- item 1
+@pytest.mark.slow  # (its own server process: ~10-25 s on the shared machine)
 @pytest.mark.parametrize("how", ["close", "reset"])
 def test_item1_start_then_close_never_leaks_a_slot(tmp_path, models_dir, how):
     """Clients that send `start` and leave before `ready` (clean close or TCP reset) on both
@@ -191,11 +212,17 @@ def test_item1_start_then_close_never_leaks_a_slot(tmp_path, models_dir, how):
             path = SPEECH if i % 2 else TEXT
             ws = await websockets.connect(s.ws + path, **WS_KW)
             start = {"type": "start"} | ({"sample_rate": 16000} if path == SPEECH else {})
-            await send_json(ws, start)
+            try:
+                await send_json(ws, start)
+            except websockets.ConnectionClosed:  # refused: the slots are gone already
+                refused.append(i)
+                return
             if how == "reset":
                 ws.transport.abort()
             else:
                 await ws.close()
+
+        refused: list[int] = []
 
         async def main() -> None:
             for i in range(12):
@@ -203,7 +230,8 @@ def test_item1_start_then_close_never_leaks_a_slot(tmp_path, models_dir, how):
 
         arun(main())
         assert eventually(lambda: idle(s), 20), (
-            f"sessions={sessions(s)} slots={metric(s, 'dlr_pool_slots_in_use')} never reclaimed"
+            f"sessions={sessions(s)} slots={metric(s, 'dlr_pool_slots_in_use')} never "
+            f"reclaimed; {len(refused)} of 12 clients were refused at start"
         )
 
         async def after() -> None:
@@ -365,6 +393,7 @@ def test_item4_malformed_blob_fields_give_400_and_never_leak_a_slot(clean):
 
 
 # ---------------------------------------------------------------------- item 5
+@pytest.mark.slow  # (its own server process: ~10-25 s on the shared machine)
 def test_item5_drain_persists_each_session_independently(tmp_path, models_dir):
     """One session's state cannot be written (its file name is taken by a directory): the
     other sessions are still persisted and told they can resume, that one is told it cannot,
@@ -453,6 +482,7 @@ def test_item7_session_limits_are_per_model(tmp_path, models_dir):
 
 
 # ---------------------------------------------------------------------- item 8
+@pytest.mark.slow  # (its own server process: ~10-25 s on the shared machine)
 def test_item8_session_ids_from_drain_files_never_reach_a_path(tmp_path, models_dir):
     """A drain file whose session id is `../escaped` is refused at start-up, so the next
     drain writes nothing outside the state directory."""
@@ -488,6 +518,7 @@ def test_item8_session_ids_from_drain_files_never_reach_a_path(tmp_path, models_
 
 
 # ---------------------------------------------------------------------- item 9
+@pytest.mark.slow  # (its own server process: ~10-25 s on the shared machine)
 def test_item9_chunked_body_over_the_limit_gives_413(tmp_path, models_dir):
     with serve(tmp_path, models_dir, max_state_bytes=64 * 1024) as s:
 
@@ -523,12 +554,8 @@ def test_item10_huge_f32_samples_never_produce_nan_json(clean):
         await ws.send(x.tobytes())
         with contextlib.suppress(websockets.ConnectionClosed):
             await send_json(ws, {"type": "end"})
-        texts = []
-        try:
-            while True:
-                texts.append(await asyncio.wait_for(ws.recv(), 30))
-        except websockets.ConnectionClosed:
-            pass
+        texts = await until_closed_or(ws, ("final", "error"))
+        await ws.close()
         assert texts, "neither a final nor an error came back"
         msgs = [strict_json(t) for t in texts]
         assert msgs[-1]["type"] in ("final", "error"), msgs
@@ -578,6 +605,7 @@ async def _token_gaps(url: str, during=None) -> tuple[list[float], list[int]]:
     return gaps, status
 
 
+@pytest.mark.slow  # (two 400-token generations and a 262145-token prompt)
 def test_item11_a_huge_prompt_never_stalls_other_sessions_tokens(clean):
     """A 65536-character prompt of 4-byte characters (262145 tokens) is refused (prompts are
     capped in tokens), or its prefill shares the engine so that a session streaming tokens
@@ -626,6 +654,7 @@ def test_item12_cross_site_requests_are_refused(clean):
 
 
 # ---------------------------------------------------------------------- item 13
+@pytest.mark.slow  # (its own server process: ~10-25 s on the shared machine)
 def test_item13_bearer_subprotocol_key_is_never_echoed(tmp_path, models_dir):
     key = "s3cret-key-0123456789"
     with serve(tmp_path, models_dir, api_keys=key) as s:
