@@ -462,6 +462,7 @@ def test_item6_lone_surrogate_is_refused_naming_the_field(clean):
 
 
 # ---------------------------------------------------------------------- item 7
+@pytest.mark.slow  # (its own server process: ~10-25 s on the shared machine)
 def test_item7_session_limits_are_per_model(tmp_path, models_dir):
     """max_sessions text sessions do not block speech, whose slots are free; the text model
     itself is full."""
