@@ -71,6 +71,10 @@ class Engine:
         # ties snapshots to this architecture, state layout and (when given) these weights
         self.config_hash = snap.config_hash(self.config, canon, weights_hash)
         self._row_like = {k: v[0] for k, v in canon.items()}
+        # what a restored row may hold: derived from the torch form's parameters when there is
+        # one (see snap.state_bounds), else only finiteness and the generic caps
+        rec = backend if hasattr(backend, "log_lam") else getattr(backend, "rec", None)
+        self._bounds = snap.state_bounds(rec) if rec is not None else None
 
     # ------------------------------------------------------------------ sessions
     @property
@@ -229,12 +233,8 @@ class Engine:
     def _check_row(self, row: dict[str, torch.Tensor]) -> None:
         """A blob can be well-formed yet hold values no run produces; refuse those, since a
         bad row would fail every batch it joins."""
-        for name, t in row.items():
-            if (t.is_floating_point() or t.is_complex()) and not torch.isfinite(t).all():
-                raise snap.SnapshotError(f"state snapshot tensor {name!r} has non-finite values")
+        snap.check_state(row, self._bounds)
         if "frame_fill" in row:
             fill = int(row["frame_fill"])
             if not 0 <= fill < self.config.frame_stride:
                 raise snap.SnapshotError(f"state snapshot frame_fill {fill} is out of range")
-        if "mean_count" in row and float(row["mean_count"]) < 0:
-            raise snap.SnapshotError("state snapshot mean_count is negative")
