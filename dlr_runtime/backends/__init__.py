@@ -30,13 +30,10 @@ def make_backend(rec: RecurrentModel, name: str = "auto", **options: Any) -> Any
 
         candidates = ("torch-fast", "onnx") if rec.device.type == "cuda" else ("torch", "onnx")
         _, backend, _ = pick_fastest(rec, candidates)
-        if backend is rec:
-            rec.name = "torch"
         return backend
     if name == "torch":
         if options:
             raise ValueError(f"the torch backend takes no options, got {sorted(options)}")
-        rec.name = "torch"
         return rec
     from .onnx import OnnxBackend  # noqa: PLC0415  (optional dependency, loaded on demand)
 
