@@ -36,6 +36,7 @@ class FusedBackend:
         self.rec = rec
         self.config = rec.config
         self.weights = fk.pack(rec)
+        self._args = fk.kernel_args(self.weights)
         if warm:  # compile (or load from the on-disk cache) now, not inside the first request
             self.step(torch.zeros(1, dtype=torch.int64), self.init_state(1))
 
@@ -74,9 +75,11 @@ class FusedBackend:
             raise ValueError(
                 f"step needs tokens (B,) matching the state's batch, got {tuple(x_t.shape)}"
             )
-        if x_t.numel() and (int(x_t.min()) < 0 or int(x_t.max()) >= vocab):
+        tok = x_t.to("cpu", torch.int64).contiguous()
+        lo, hi = torch.aminmax(tok) if tok.numel() else (tok.new_zeros(()), tok.new_zeros(()))
+        if lo < 0 or hi >= vocab:
             raise ValueError(f"token ids must be in [0, {vocab})")
-        y, new = fk.fused_step(self.weights, x_t, torch.view_as_real(state["ssm"]))
+        y, new = fk.fused_step(self.weights, tok, torch.view_as_real(state["ssm"]), self._args)
         out = dict(state)
         out["ssm"] = torch.view_as_complex(new)
         return y, out

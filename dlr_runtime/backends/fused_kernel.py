@@ -251,21 +251,28 @@ if AVAILABLE:
         _gemm_rows(proj_w, proj_b, u, y)
 
 
+def kernel_args(w: FusedWeights) -> tuple:
+    """The weights as the kernel's positional arguments (numpy views, made once per model)."""
+    return (
+        w.emb.numpy(), w.norm_kind, w.norm_w.numpy(), w.norm_b.numpy(), w.eps, w.lam.numpy(),
+        w.bvec.numpy(), w.b_is_one.numpy(), w.cvec.numpy(), w.dvec.numpy(), w.out_w.numpy(),
+        w.out_b.numpy(), w.glu, w.prenorm, w.head_kind, w.head_w.numpy(), w.head_b.numpy(),
+        w.head_eps, w.proj_w.numpy(), w.proj_b.numpy(),
+    )  # fmt: skip
+
+
 def fused_step(
-    w: FusedWeights, tokens: torch.Tensor, ssm: torch.Tensor
+    w: FusedWeights, tokens: torch.Tensor, ssm: torch.Tensor, args: tuple | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`fused_step_ref` in one compiled call (CPU tensors; needs numba, see `AVAILABLE`)."""
+    """`fused_step_ref` in one compiled call (CPU tensors; needs numba, see `AVAILABLE`).
+
+    `args` = `kernel_args(w)`, when the caller keeps it, saves re-making the numpy views.
+    """
     if not AVAILABLE:
         raise RuntimeError("the fused step needs numba (pip install numba)")
-    tokens = tokens.to(torch.int64).contiguous()
-    ssm = ssm.contiguous()
-    new = torch.empty_like(ssm)
-    y = torch.empty(tokens.shape[0], w.proj_w.shape[0], dtype=w.emb.dtype)
-    _decode(
-        tokens.numpy(), w.emb.numpy(), w.norm_kind, w.norm_w.numpy(), w.norm_b.numpy(), w.eps,
-        w.lam.numpy(), w.bvec.numpy(), w.b_is_one.numpy(), w.cvec.numpy(), w.dvec.numpy(),
-        w.out_w.numpy(), w.out_b.numpy(), w.glu, w.prenorm, w.head_kind, w.head_w.numpy(),
-        w.head_b.numpy(), w.head_eps, w.proj_w.numpy(), w.proj_b.numpy(),
-        ssm.numpy(), new.numpy(), y.numpy(),
-    )  # fmt: skip
-    return y, new
+    tok = tokens.numpy() if tokens.dtype == torch.int64 else tokens.to(torch.int64).numpy()
+    s_in = ssm.contiguous().numpy()  # (B, L, H, N, 2)
+    s_out = np.empty_like(s_in)
+    y = np.empty((tok.shape[0], w.proj_w.shape[0]), dtype=s_in.dtype)
+    _decode(tok, *(kernel_args(w) if args is None else args), s_in, s_out, y)
+    return torch.from_numpy(y), torch.from_numpy(s_out)
