@@ -11,8 +11,9 @@ arithmetic in one numba-compiled loop per session row:
 
 The state is read once and written once (the step is memory-bound at large batch). Each row is
 computed alone, in the same order whatever the batch, so batching never changes a session's
-output (bit for bit). Weights are packed once (`pack`) as real arrays: complex numbers as
-(..., 2) (re, im) pairs, matching `torch.view_as_real` of the state.
+output (bit for bit). The state is kept as two real planes (re, im) (B, L, H, N), the layout
+of `state_spec.split_complex`, and complex weights as (re, im) planes too, so the inner loop
+runs over contiguous real arrays and vectorises.
 
 `fused_step_ref` is the plain-torch twin with the same signature (tests compare the two per
 dtype: float64 to 1e-10, float32 to 1e-5). numba is optional: `AVAILABLE` says whether the
@@ -51,10 +52,10 @@ class FusedWeights:
     norm_w: torch.Tensor  # (L, H) (ones when absent)
     norm_b: torch.Tensor  # (L, H) (zeros when absent or RMSNorm)
     eps: float
-    lam: torch.Tensor  # (L, H, N, 2)
-    bvec: torch.Tensor  # (L, H, N, 2)
+    lam: torch.Tensor  # (L, H, N) complex
+    bvec: torch.Tensor  # (L, H, N) complex
     b_is_one: torch.Tensor  # (L,) bool: B = 1 (DLR layers), skip the product
-    cvec: torch.Tensor  # (L, H, N, 2)
+    cvec: torch.Tensor  # (L, H, N) complex
     dvec: torch.Tensor  # (L, H)
     out_w: torch.Tensor  # (L, O, H), O = 2H with GLU else H
     out_b: torch.Tensor  # (L, O)
@@ -100,10 +101,10 @@ def pack(rec: RecurrentModel) -> FusedWeights:
         norm_w=cpu(torch.stack(ws)),
         norm_b=cpu(torch.stack(bs)),
         eps=eps[0],
-        lam=cpu(torch.view_as_real(rec.lam)),
-        bvec=cpu(torch.view_as_real(rec.B)),
+        lam=cpu(rec.lam),
+        bvec=cpu(rec.B),
         b_is_one=torch.tensor(rec.b_is_one, dtype=torch.bool),
-        cvec=cpu(torch.view_as_real(rec.C)),
+        cvec=cpu(rec.C),
         dvec=cpu(rec.D),
         out_w=cpu(torch.stack([pw.out.weight for pw in rec.blocks])),
         out_b=cpu(torch.stack([pw.out.bias for pw in rec.blocks])),
@@ -130,13 +131,12 @@ def _norm_ref(x: torch.Tensor, kind: int, w: torch.Tensor, b: torch.Tensor, eps:
 
 
 def fused_step_ref(
-    w: FusedWeights, tokens: torch.Tensor, ssm: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """tokens (B,), ssm (B, L, H, N, 2) real view -> logits (B, V), new ssm (B, L, H, N, 2)."""
+    w: FusedWeights, tokens: torch.Tensor, s_re: torch.Tensor, s_im: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """tokens (B,), state planes s_re, s_im (B, L, H, N) -> logits (B, V), new planes x 2."""
     h = w.emb[tokens]  # (B, H)
-    lam = torch.view_as_complex(w.lam)  # (L, H, N)
-    bvec, cvec = torch.view_as_complex(w.bvec), torch.view_as_complex(w.cvec)
-    x = torch.view_as_complex(ssm.contiguous())  # (B, L, H, N)
+    lam, bvec, cvec = w.lam, w.bvec, w.cvec  # (L, H, N) complex
+    x = torch.complex(s_re, s_im)  # (B, L, H, N)
     new = []
     for i in range(lam.shape[0]):
         u = _norm_ref(h, w.norm_kind, w.norm_w[i], w.norm_b[i], w.eps) if w.prenorm else h
@@ -148,7 +148,8 @@ def fused_step_ref(
             h = _norm_ref(h, w.norm_kind, w.norm_w[i], w.norm_b[i], w.eps)
         new.append(xn)
     f = _norm_ref(h, w.head_kind, w.head_w, w.head_b, w.head_eps)
-    return f @ w.proj_w.T + w.proj_b, torch.view_as_real(torch.stack(new, 1))
+    xn = torch.stack(new, 1)  # (B, L, H, N)
+    return f @ w.proj_w.T + w.proj_b, xn.real.contiguous(), xn.imag.contiguous()
 
 
 # ---------------------------------------------------------------------- the kernel
@@ -185,42 +186,47 @@ if AVAILABLE:
                 out[r, o] = acc
 
     @_jit
-    def _ssm_rows(u, xin, xout, lam, bvec, b_is_one, cvec, dvec, s):  # pragma: no cover
-        """Layer update for every row: x' = lam x + B u, s = gelu(Re(sum_n C x') + D u).
-        u (B, H); xin, xout (B, H, N, 2); s (B, H) out."""
-        hdim, n = lam.shape[0], lam.shape[1]
+    def _ssm_rows(
+        u, xr_in, xi_in, xr_out, xi_out, i, lam, bvec, b_is_one, cvec, dvec, s
+    ):  # pragma: no cover
+        """Layer i for every row: x' = lam x + B u, s = gelu(Re(sum_n C x') + D u).
+
+        u (B, H); state planes xr_*, xi_* (B, L, H, N); lam, bvec, cvec (2, L, H, N) as
+        (re, im) planes; s (B, H) out. Planar, C-contiguous arrays: the inner loop vectorises.
+        """
+        hdim, n = lam.shape[2], lam.shape[3]
         inv_sqrt2 = 1.0 / math.sqrt(2.0)
         for r in range(u.shape[0]):
             for k in range(hdim):
                 uk = u[r, k]
-                acc = dvec[k] * uk
-                lk, ck, bk = lam[k], cvec[k], bvec[k]
-                xi_, xo = xin[r, k], xout[r, k]
-                if b_is_one:
+                acc = dvec[i, k] * uk
+                lr, li, cr, ci = lam[0, i, k], lam[1, i, k], cvec[0, i, k], cvec[1, i, k]
+                br, bi = bvec[0, i, k], bvec[1, i, k]
+                xr, xi = xr_in[r, i, k], xi_in[r, i, k]
+                orr, oi = xr_out[r, i, k], xi_out[r, i, k]
+                if b_is_one[i]:
                     for m in range(n):
-                        xr, xi = xi_[m, 0], xi_[m, 1]
-                        nr = lk[m, 0] * xr - lk[m, 1] * xi + uk
-                        ni = lk[m, 0] * xi + lk[m, 1] * xr
-                        xo[m, 0] = nr
-                        xo[m, 1] = ni
-                        acc += ck[m, 0] * nr - ck[m, 1] * ni
+                        nr = lr[m] * xr[m] - li[m] * xi[m] + uk
+                        ni = lr[m] * xi[m] + li[m] * xr[m]
+                        orr[m] = nr
+                        oi[m] = ni
+                        acc += cr[m] * nr - ci[m] * ni
                 else:
                     for m in range(n):
-                        xr, xi = xi_[m, 0], xi_[m, 1]
-                        nr = lk[m, 0] * xr - lk[m, 1] * xi + bk[m, 0] * uk
-                        ni = lk[m, 0] * xi + lk[m, 1] * xr + bk[m, 1] * uk
-                        xo[m, 0] = nr
-                        xo[m, 1] = ni
-                        acc += ck[m, 0] * nr - ck[m, 1] * ni
+                        nr = lr[m] * xr[m] - li[m] * xi[m] + br[m] * uk
+                        ni = lr[m] * xi[m] + li[m] * xr[m] + bi[m] * uk
+                        orr[m] = nr
+                        oi[m] = ni
+                        acc += cr[m] * nr - ci[m] * ni
                 s[r, k] = 0.5 * acc * (1.0 + math.erf(acc * inv_sqrt2))  # exact GELU
 
     @_jit
     def _decode(  # pragma: no cover - compiled
         tokens, emb, norm_kind, norm_w, norm_b, eps, lam, bvec, b_is_one, cvec, dvec,
         out_w, out_b, glu, prenorm, head_kind, head_w, head_b, head_eps, proj_w, proj_b,
-        s_in, s_out, y,
+        xr_in, xi_in, xr_out, xi_out, y,
     ):  # fmt: skip
-        n_layers, hdim = lam.shape[0], lam.shape[1]
+        n_layers, hdim = lam.shape[1], lam.shape[2]
         bsz = tokens.shape[0]
         h = np.empty((bsz, hdim), emb.dtype)
         u = np.empty((bsz, hdim), emb.dtype)
@@ -234,8 +240,7 @@ if AVAILABLE:
                     _norm(h[r], u[r], norm_kind, norm_w[i], norm_b[i], eps)
                 else:
                     u[r] = h[r]
-            _ssm_rows(u, s_in[:, i], s_out[:, i], lam[i], bvec[i], b_is_one[i], cvec[i],
-                      dvec[i], s)  # fmt: skip
+            _ssm_rows(u, xr_in, xi_in, xr_out, xi_out, i, lam, bvec, b_is_one, cvec, dvec, s)
             _gemm_rows(out_w[i], out_b[i], s, z)
             for r in range(bsz):
                 if glu:
@@ -251,28 +256,37 @@ if AVAILABLE:
         _gemm_rows(proj_w, proj_b, u, y)
 
 
+def _planes(t: torch.Tensor) -> np.ndarray:
+    """Complex (...) -> (2, ...) real (re, im) planes, C-contiguous numpy."""
+    return torch.stack([t.real, t.imag]).contiguous().numpy()
+
+
 def kernel_args(w: FusedWeights) -> tuple:
-    """The weights as the kernel's positional arguments (numpy views, made once per model)."""
+    """The weights as the kernel's positional arguments (numpy arrays, made once per model)."""
     return (
-        w.emb.numpy(), w.norm_kind, w.norm_w.numpy(), w.norm_b.numpy(), w.eps, w.lam.numpy(),
-        w.bvec.numpy(), w.b_is_one.numpy(), w.cvec.numpy(), w.dvec.numpy(), w.out_w.numpy(),
+        w.emb.numpy(), w.norm_kind, w.norm_w.numpy(), w.norm_b.numpy(), w.eps, _planes(w.lam),
+        _planes(w.bvec), w.b_is_one.numpy(), _planes(w.cvec), w.dvec.numpy(), w.out_w.numpy(),
         w.out_b.numpy(), w.glu, w.prenorm, w.head_kind, w.head_w.numpy(), w.head_b.numpy(),
         w.head_eps, w.proj_w.numpy(), w.proj_b.numpy(),
     )  # fmt: skip
 
 
 def fused_step(
-    w: FusedWeights, tokens: torch.Tensor, ssm: torch.Tensor, args: tuple | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+    w: FusedWeights,
+    tokens: torch.Tensor,
+    s_re: torch.Tensor,
+    s_im: torch.Tensor,
+    args: tuple | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`fused_step_ref` in one compiled call (CPU tensors; needs numba, see `AVAILABLE`).
 
-    `args` = `kernel_args(w)`, when the caller keeps it, saves re-making the numpy views.
+    `args` = `kernel_args(w)`, when the caller keeps it, saves re-making the arrays.
     """
     if not AVAILABLE:
         raise RuntimeError("the fused step needs numba (pip install numba)")
     tok = tokens.numpy() if tokens.dtype == torch.int64 else tokens.to(torch.int64).numpy()
-    s_in = ssm.contiguous().numpy()  # (B, L, H, N, 2)
-    s_out = np.empty_like(s_in)
-    y = np.empty((tok.shape[0], w.proj_w.shape[0]), dtype=s_in.dtype)
-    _decode(tok, *(kernel_args(w) if args is None else args), s_in, s_out, y)
-    return torch.from_numpy(y), torch.from_numpy(s_out)
+    xr, xi = s_re.contiguous().numpy(), s_im.contiguous().numpy()  # (B, L, H, N)
+    nr, ni = np.empty_like(xr), np.empty_like(xi)
+    y = np.empty((tok.shape[0], w.proj_w.shape[0]), dtype=xr.dtype)
+    _decode(tok, *(kernel_args(w) if args is None else args), xr, xi, nr, ni, y)
+    return torch.from_numpy(y), torch.from_numpy(nr), torch.from_numpy(ni)

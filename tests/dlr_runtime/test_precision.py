@@ -53,7 +53,7 @@ def run_steps(backend, steps: int, checkpoints: tuple[int, ...]) -> dict[int, to
     for t in range(1, steps + 1):
         _, state = backend.step(zero, state)
         if t in checkpoints:
-            seen[t] = state["ssm"][0, 0].to(torch.complex128)
+            seen[t] = backend.to_canonical(state)["ssm"][0, 0].to(torch.complex128)
     return seen
 
 
