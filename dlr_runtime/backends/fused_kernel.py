@@ -177,12 +177,10 @@ if AVAILABLE:
         """out[r] = wt @ x[r] + bias for every row r; one weight row serves all rows while it
         is in cache, and every row's dot product runs in the same order whatever the batch."""
         for o in range(wt.shape[0]):
-            wo = wt[o]
             for r in range(x.shape[0]):
-                xr = x[r]
                 acc = bias[o]
                 for k in range(wt.shape[1]):
-                    acc += wo[k] * xr[k]
+                    acc += wt[o, k] * x[r, k]
                 out[r, o] = acc
 
     @_jit
@@ -196,28 +194,28 @@ if AVAILABLE:
         """
         hdim, n = lam.shape[2], lam.shape[3]
         inv_sqrt2 = 1.0 / math.sqrt(2.0)
-        for r in range(u.shape[0]):
+        for r in range(u.shape[0]):  # full indices, no sub-array views: views cost refcounts
             for k in range(hdim):
                 uk = u[r, k]
                 acc = dvec[i, k] * uk
-                lr, li, cr, ci = lam[0, i, k], lam[1, i, k], cvec[0, i, k], cvec[1, i, k]
-                br, bi = bvec[0, i, k], bvec[1, i, k]
-                xr, xi = xr_in[r, i, k], xi_in[r, i, k]
-                orr, oi = xr_out[r, i, k], xi_out[r, i, k]
                 if b_is_one[i]:
                     for m in range(n):
-                        nr = lr[m] * xr[m] - li[m] * xi[m] + uk
-                        ni = lr[m] * xi[m] + li[m] * xr[m]
-                        orr[m] = nr
-                        oi[m] = ni
-                        acc += cr[m] * nr - ci[m] * ni
+                        xr, xi = xr_in[r, i, k, m], xi_in[r, i, k, m]
+                        lr, li = lam[0, i, k, m], lam[1, i, k, m]
+                        nr = lr * xr - li * xi + uk
+                        ni = lr * xi + li * xr
+                        xr_out[r, i, k, m] = nr
+                        xi_out[r, i, k, m] = ni
+                        acc += cvec[0, i, k, m] * nr - cvec[1, i, k, m] * ni
                 else:
                     for m in range(n):
-                        nr = lr[m] * xr[m] - li[m] * xi[m] + br[m] * uk
-                        ni = lr[m] * xi[m] + li[m] * xr[m] + bi[m] * uk
-                        orr[m] = nr
-                        oi[m] = ni
-                        acc += cr[m] * nr - ci[m] * ni
+                        xr, xi = xr_in[r, i, k, m], xi_in[r, i, k, m]
+                        lr, li = lam[0, i, k, m], lam[1, i, k, m]
+                        nr = lr * xr - li * xi + bvec[0, i, k, m] * uk
+                        ni = lr * xi + li * xr + bvec[1, i, k, m] * uk
+                        xr_out[r, i, k, m] = nr
+                        xi_out[r, i, k, m] = ni
+                        acc += cvec[0, i, k, m] * nr - cvec[1, i, k, m] * ni
                 s[r, k] = 0.5 * acc * (1.0 + math.erf(acc * inv_sqrt2))  # exact GELU
 
     @_jit
