@@ -36,7 +36,15 @@ def build_peers():
     from transformers import GPT2Config, GPT2LMHeadModel, MambaConfig, MambaForCausalLM  # noqa: PLC0415
 
     gpt2 = GPT2LMHeadModel(
-        GPT2Config(vocab_size=VOCAB, n_embd=WIDTH, n_layer=DEPTH, n_head=HEADS, n_positions=8448)
+        GPT2Config(
+            vocab_size=VOCAB,
+            n_embd=WIDTH,
+            n_layer=DEPTH,
+            n_head=HEADS,
+            n_positions=8448,
+            bos_token_id=256,
+            eos_token_id=257,
+        )  # fmt: skip
     ).eval()
     mamba = MambaForCausalLM(
         MambaConfig(vocab_size=VOCAB, hidden_size=WIDTH, num_hidden_layers=DEPTH)
@@ -115,12 +123,13 @@ def main() -> None:
         for b in batches:
             st = rec.init_state(b)
             st["ssm"] = torch.randn_like(st["ssm"]) * 0.1
+            fst = fused.from_canonical(st)
             tok = torch.randint(0, VOCAB, (b,))
             m_step, mem[("Mamba", 0)] = mamba_point(mamba, b)
             m_sec, _ = time_calls(m_step, args.budget, max_calls=300)
             d_sec = {
                 "DLR torch": time_calls(lambda t=tok, s=st: rec.step(t, s), args.budget)[0],
-                "DLR fused": time_calls(lambda t=tok, s=st: fused.step(t, s), args.budget)[0],
+                "DLR fused": time_calls(lambda t=tok, s=fst: fused.step(t, s), args.budget)[0],
             }
             for ctx in contexts:
                 g_step, mem[("GPT-2", ctx)] = gpt2_point(gpt2, b, ctx)
