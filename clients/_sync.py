@@ -1,16 +1,17 @@
 """Run the async clients from synchronous code.
 
-Each synchronous client owns a :class:`LoopThread`: an asyncio event loop in a daemon thread.
-Coroutines are submitted to it and waited for; async iterators are pulled one item at a time,
-so a synchronous ``for result in client.stream_file(...)`` sees each result as it arrives.
+Each synchronous client owns a :class:`LoopThread`: an anyio blocking portal, i.e. an event
+loop in its own thread. Coroutines are submitted to it and waited for; async iterators are
+pulled one item at a time, so a synchronous ``for result in client.stream_file(...)`` sees each
+result as it arrives.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import TypeVar
+
+from anyio.from_thread import start_blocking_portal
 
 __all__ = ["LoopThread"]
 
@@ -18,20 +19,22 @@ T = TypeVar("T")
 
 
 class LoopThread:
-    """An event loop running in its own daemon thread."""
+    """An event loop running in its own thread (anyio's blocking portal)."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self.loop.run_forever, daemon=True, name="dlr-client"
-        )
-        self._thread.start()
+        self._cm = start_blocking_portal("asyncio")
+        self.portal = self._cm.__enter__()
+        self.closed = False
 
     def run(self, coro: Awaitable[T]) -> T:
         """Run a coroutine on the loop and wait for its result (exceptions propagate)."""
-        if self.loop.is_closed():
+        if self.closed:
             raise RuntimeError("this client is closed")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()  # type: ignore[arg-type]
+
+        async def call() -> T:
+            return await coro
+
+        return self.portal.call(call)
 
     def iterate(self, agen: AsyncIterator[T]) -> Iterator[T]:
         """Iterate an async iterator from this thread, item by item."""
@@ -43,12 +46,10 @@ class LoopThread:
                     return
         finally:  # the caller stopped early: close the async generator on its loop
             aclose = getattr(agen, "aclose", None)
-            if aclose is not None and not self.loop.is_closed():
+            if aclose is not None and not self.closed:
                 self.run(aclose())
 
     def close(self) -> None:
-        if self.loop.is_closed():
-            return
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=5)
-        self.loop.close()
+        if not self.closed:
+            self.closed = True
+            self._cm.__exit__(None, None, None)

@@ -8,10 +8,11 @@ Usage::
             print(event.text, end="", flush=True)
 
 ``generate`` posts to ``POST /v1/generate``; ``generate_stream`` posts with ``"stream": true``
-and parses the Server-Sent Events, one :class:`~clients.types.TokenEvent` per token, the last one
-carrying ``finish_reason`` and usage. A request that could not reach the server (connection
-refused, connect timeout) is retried with backoff; a request the server answered is never sent
-twice, except on 429/503 with ``retry_overloaded=True``.
+and reads the Server-Sent Events (httpx-sse), one :class:`~clients.types.TokenEvent` per token,
+the last one carrying ``finish_reason`` and usage. A request that could not reach the server
+(connection refused, connect timeout) is retried with backoff by httpx's transport
+(``max_reconnects`` times); a request the server answered is never sent twice, except on
+429/503 with ``retry_overloaded=True`` (after the server's Retry-After).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+from httpx_sse import EventSource
 
 from clients._ws import ClientBase
 from clients.errors import (
@@ -84,7 +86,10 @@ class AsyncGenerateClient(ClientBase):
         self.retry_overloaded = retry_overloaded
         timeout = httpx.Timeout(self.cfg.read_timeout, connect=self.cfg.connect_timeout)
         self._http = httpx.AsyncClient(
-            base_url=self.cfg.base_url.rstrip("/"), headers=self.cfg.headers(), timeout=timeout
+            base_url=self.cfg.base_url.rstrip("/"),
+            headers=self.cfg.headers(),
+            timeout=timeout,
+            transport=httpx.AsyncHTTPTransport(retries=self.cfg.max_reconnects),
         )
 
     async def __aenter__(self) -> AsyncGenerateClient:
@@ -100,20 +105,17 @@ class AsyncGenerateClient(ClientBase):
     async def _send(
         self, method: str, path: str, *, stream: bool = False, **kw: Any
     ) -> httpx.Response:
-        """Send a request; retry only what never reached the server (or 429 when allowed)."""
+        """Send a request (connect failures are retried by the transport); retry 429/503 only
+        when allowed."""
         attempt = 0
         while True:
             try:
                 req = self._http.build_request(method, path, **kw)
                 resp = await self._http.send(req, stream=stream)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                if attempt >= self.cfg.max_reconnects:
-                    if isinstance(exc, httpx.ConnectTimeout):
-                        raise Timeout(f"connecting to {self.cfg.base_url} timed out") from exc
-                    raise ConnectionFailed(f"cannot connect to {self.cfg.base_url}: {exc}") from exc
-                attempt += 1
-                await asyncio.sleep(self.cfg.reconnect_backoff * 2 ** (attempt - 1))
-                continue
+            except httpx.ConnectTimeout as exc:
+                raise Timeout(f"connecting to {self.cfg.base_url} timed out") from exc
+            except httpx.ConnectError as exc:
+                raise ConnectionFailed(f"cannot connect to {self.cfg.base_url}: {exc}") from exc
             except httpx.TimeoutException as exc:
                 raise Timeout(
                     f"{method} {path}: no answer within {self.cfg.read_timeout} s"
@@ -189,7 +191,8 @@ class AsyncGenerateClient(ClientBase):
         }
         resp = await self._send("POST", "/v1/generate", json=body, stream=True)
         try:
-            async for event, data in _sse_events(resp):
+            async for sse in EventSource(resp).aiter_sse():
+                event, data = sse.event, sse.data
                 if data == "[DONE]":
                     return
                 try:
@@ -215,24 +218,3 @@ class AsyncGenerateClient(ClientBase):
             raise ConnectionFailed(f"stream broke: {exc}") from exc
         finally:
             await resp.aclose()
-
-
-async def _sse_events(resp: httpx.Response) -> AsyncIterator[tuple[str, str]]:
-    """Parse a ``text/event-stream`` body into (event name, data) pairs."""
-    event, data = "message", []
-    async for line in resp.aiter_lines():
-        if line == "":
-            if data:
-                yield event, "\n".join(data)
-            event, data = "message", []
-        elif line.startswith(":"):
-            continue  # comment / keep-alive
-        else:
-            field, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            if field == "event":
-                event = value
-            elif field == "data":
-                data.append(value)
-    if data:
-        yield event, "\n".join(data)

@@ -38,7 +38,7 @@ class _SyncBase:
         raise NotImplementedError
 
     def close(self) -> None:
-        if not self._loop.loop.is_closed():
+        if not self._loop.closed:
             self._loop.run(self._aclose())
             self._loop.close()
 

@@ -1,4 +1,6 @@
-"""The FastAPI application: `create_app(settings)` wires models, schedulers, routes and metrics."""
+"""The FastAPI application: `create_app(settings)` wires the long-lived objects (context with
+models and schedulers, session store, metrics) and the routes; routes reach them through the
+`CtxDep` / `StoreDep` dependencies (`app.state.dlr`, `app.state.sessions`)."""
 
 from __future__ import annotations
 
@@ -11,14 +13,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.cors import CORSMiddleware
 
+from .context import AppContext
 from .drain import restore_dir
 from .errors import validation_handler
 from .metrics import Metrics
 from .registry import load_models
 from .routes import generate, info, sessions, speech, text_stream
 from .security import Security
+from .sessions.store import SessionStore
 from .settings import Settings
-from .state import ServerState
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 log = logging.getLogger("dlr.server")
@@ -26,14 +29,15 @@ log = logging.getLogger("dlr.server")
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
-    st = ServerState(settings=settings, metrics=Metrics())
+    st = AppContext(settings=settings, metrics=Metrics())
+    store = SessionStore(st)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         st.models = load_models(settings, st.metrics)
         for m in st.models.values():
             m.scheduler.start()
-        restored = await restore_dir(st)
+        restored = await restore_dir(store)
         st.ready = True
         log.info(
             "serving %d model(s): %s; %d session(s) restored",
@@ -50,6 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="dlr-serve", version="0.1.0", lifespan=lifespan)
     app.state.dlr = st
+    app.state.sessions = store
     app.add_exception_handler(RequestValidationError, validation_handler)
     for module in (info, generate, speech, text_stream, sessions):
         app.include_router(module.router)

@@ -5,43 +5,47 @@ Example: `dlr-serve --port 9000 --max-batch-size 1` or `DLR_MODELS_DIR=/models d
 
 from __future__ import annotations
 
-import argparse
 import logging
-from typing import get_args
+import sys
 
 import uvicorn
+from pydantic import ValidationError
+from pydantic_settings import SettingsConfigDict
 
 from .app import create_app
 from .drain import DrainingServer
 from .settings import Settings
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dlr-serve", description=__doc__.splitlines()[0])
-    for name, f in Settings.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        kind = f.annotation
-        choices = get_args(kind) if getattr(kind, "__origin__", None) is not None else None
-        typ = kind if kind in (int, float) else str
-        p.add_argument(
-            flag,
-            dest=name,
-            type=typ,
-            default=None,
-            choices=choices or None,
-            help=f"{f.description} (default: {f.default}; env DLR_{name.upper()})",
-        )
-    return p
+class CliSettings(Settings):
+    """`Settings` that also read `dlr-serve` flags (pydantic-settings' CLI source: one
+    `--kebab-case` flag per field, overriding the `DLR_*` environment)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="DLR_",
+        extra="ignore",
+        cli_kebab_case=True,
+        cli_prog_name="dlr-serve",
+        cli_implicit_flags=False,
+    )
+
+
+def parse_settings(argv: list[str] | None = None) -> Settings:
+    """Settings from flags (`argv`, default sys.argv) over `DLR_*` variables; a bad value
+    exits with status 2 and the field's error, like any other bad flag."""
+    try:
+        return CliSettings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
+    except ValidationError as e:
+        print(f"dlr-serve: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    overrides = {k: v for k, v in vars(args).items() if v is not None}
-    settings = Settings(**overrides)
+    settings = parse_settings(argv)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     app = create_app(settings)
     config = uvicorn_config(app, settings)
-    DrainingServer(config, app.state.dlr).run()
+    DrainingServer(config, app.state.sessions).run()
 
 
 def uvicorn_config(app, settings: Settings, **kw) -> uvicorn.Config:

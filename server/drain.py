@@ -1,6 +1,6 @@
 """Graceful drain on SIGTERM and restore at start-up (rolling restarts without lost sessions).
 
-`drain(st)`: readiness turns off and new sessions are refused (1013 / 503); in-flight work
+`drain(store)`: readiness turns off and new sessions are refused (1013 / 503); in-flight work
 finishes (queued whole audio frames are processed, running generations complete) for at most
 `drain_timeout_s` (then generations are cancelled at a batch boundary, which keeps every
 sampled token in the state); every connected client gets `{"type":"going_away",...,
@@ -9,7 +9,7 @@ written there, one file per session (`<session_id>.state`, written to a temporar
 and renamed, so a file is complete or absent). `DrainingServer` runs the drain before uvicorn's
 own shutdown closes the sockets.
 
-`restore_dir(st)`: at start-up, every `*.state` file is restored as a detached session (same
+`restore_dir(store)`: at start-up, every `*.state` file is restored as a detached session (same
 id, same token, same replay buffer; the resume grace starts now) and removed; a file that
 fails to restore is renamed to `*.state.bad` with a logged error, and the others still load.
 """
@@ -26,8 +26,8 @@ import uvicorn
 
 from dlr_runtime.engine import SnapshotError
 
-from .routes.sessions import restore_blob
-from .state import ServerState
+from .sessions.restore import restore_blob
+from .sessions.store import SessionStore
 
 log = logging.getLogger("dlr.server")
 SUFFIX = ".state"
@@ -41,8 +41,9 @@ async def _wait(pred, deadline: float) -> bool:
     return True
 
 
-async def drain(st: ServerState) -> int:
+async def drain(store: SessionStore) -> int:
     """Drain the server (see the module docstring); returns the number of sessions persisted."""
+    st = store.ctx
     if st.draining:
         return 0
     st.draining, st.ready = True, False
@@ -51,22 +52,17 @@ async def drain(st: ServerState) -> int:
     deadline = t0 + settings.drain_timeout_s
     scheds = [m.scheduler for m in st.models.values()]
     finished = await _wait(lambda: all(s.idle() for s in scheds), deadline)
-    live = list(st.store.live.values())
+    live = list(store.live.values())
     if not finished:
         log.warning(
             "drain: in-flight work did not finish in %.1f s; cancelling generations",
             settings.drain_timeout_s,
         )
     for sess in live:
-        cancel = getattr(sess, "cancel_generation", None)
-        if cancel is not None:
-            cancel()
-    await _wait(lambda: all(getattr(s, "pump", None) is None for s in live), time.monotonic() + 5)
-    await _wait(
-        lambda: all(getattr(s, "finisher", None) is None for s in live), time.monotonic() + 1
-    )
+        sess.cancel()
+    await _wait(lambda: not any(s.busy() for s in live), time.monotonic() + 5)
     resumable = settings.state_dir is not None
-    for sess in list(st.store.live.values()):
+    for sess in list(store.live.values()):
         conn = sess.conn
         sess.conn = None
         if conn is not None:
@@ -75,7 +71,7 @@ async def drain(st: ServerState) -> int:
     if resumable:
         root = Path(settings.state_dir)
         root.mkdir(parents=True, exist_ok=True)
-        for sess in list(st.store.live.values()):
+        for sess in list(store.live.values()):
             if sess.closed:
                 continue
             try:
@@ -104,8 +100,9 @@ def write_atomic(path: Path, data: bytes) -> None:
         os.close(dfd)
 
 
-async def restore_dir(st: ServerState) -> int:
+async def restore_dir(store: SessionStore) -> int:
     """Restore every persisted session file; returns how many were restored."""
+    st = store.ctx
     if st.settings.state_dir is None:
         return 0
     root = Path(st.settings.state_dir)
@@ -116,7 +113,7 @@ async def restore_dir(st: ServerState) -> int:
         try:
             if path.stat().st_size > st.settings.max_state_bytes:
                 raise SnapshotError("file larger than max_state_bytes")
-            sess = await restore_blob(st, path.read_bytes(), persisted=True)
+            sess = await restore_blob(store, path.read_bytes(), persisted=True)
         except Exception as e:  # noqa: BLE001  (any bad file: skip it, keep the others)
             log.error("restore: skipping %s: %s: %s", path.name, type(e).__name__, e)
             st.metrics.persisted.labels("failed").inc()
@@ -132,13 +129,13 @@ async def restore_dir(st: ServerState) -> int:
 class DrainingServer(uvicorn.Server):
     """uvicorn.Server that drains the app (see `drain`) before closing connections."""
 
-    def __init__(self, config: uvicorn.Config, st: ServerState) -> None:
+    def __init__(self, config: uvicorn.Config, store: SessionStore) -> None:
         super().__init__(config)
-        self.st = st
+        self.store = store
 
     async def shutdown(self, sockets=None) -> None:
         try:
-            await drain(self.st)
+            await drain(self.store)
         except Exception:  # noqa: BLE001  (never block the shutdown itself)
             log.exception("drain failed")
         await super().shutdown(sockets)

@@ -70,3 +70,21 @@ def validation_message(exc: Exception) -> tuple[str, str]:
         param = field_name(tuple(errs[0].get("loc", ())))
         return param, f"{param}: {errs[0].get('msg')}"
     return "", str(exc)
+
+
+class NoModelError(LookupError):
+    """The requested model does not exist (or no model of the needed kind is loaded)."""
+
+
+class Closed(Exception):
+    """A WebSocket connection is over. `by_client`: the peer left (close code `code`, 1006 when
+    the link just dropped); otherwise the server closed it after an error (str(self) = the code)."""
+
+    def __init__(self, reason: str = "", by_client: bool = False, code: int | None = None):
+        super().__init__(reason)
+        self.by_client, self.code = by_client, code
+
+    @property
+    def resumable(self) -> bool:
+        """A drop that keeps the session for resume (anything but a clean close)."""
+        return self.by_client and self.code != 1000

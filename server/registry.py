@@ -33,11 +33,8 @@ def valid_model_name(name: str) -> bool:
 
 
 def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def resolve_device(device: str) -> torch.device:
@@ -53,6 +50,7 @@ class ModelEntry:
     engine: Engine
     scheduler: Scheduler
     path: Path
+    sessions: int = 0  # open sessions of this model (limit: settings.max_sessions)
 
     def info(self, settings: Settings) -> dict[str, Any]:
         cfg = self.engine.config
@@ -68,6 +66,7 @@ class ModelEntry:
             "config": {"d_model": cfg.d_model, "d_state": cfg.d_state, "n_layers": cfg.n_layers},
             "limits": {
                 "max_sessions": settings.max_sessions,
+                "max_total_sessions": settings.max_total_sessions,
                 "max_batch_size": settings.max_batch_size,
                 "max_frame_bytes": settings.max_frame_bytes,
             },

@@ -12,120 +12,48 @@ iteration takes
   only at end of stream,
 
 and, when no generation is running, first waits up to `max_batch_wait` for more arrivals.
-Results go back through futures (prefill, end of audio) and per-generation event queues.
-An exception inside a batch fails only the sessions in that batch; the loop keeps serving.
-A session's results do not depend on what else shares its batches (see `Engine`).
+Results go back through one typed queue per generation (`Token`* then `Done` | `Failed`) and
+per speech stream (`Progress`* then `Final` | `Failed`, see server/events.py); a prefill of
+appended text resolves a future. Everything computed from model outputs (sampling, softmax and
+top-k of class scores) and the resampling of client audio to the model's rate run on the engine
+thread, batched across sessions; the event loop only moves results.
+
+Failures are per row: a row whose outputs are not finite (or whose sampling raises) fails only
+its own session, and the other rows of the batch complete as they would have alone (a
+session's results do not depend on what else shares its batches, see `Engine`). An exception
+of the engine call itself fails the sessions of that batch; the loop keeps serving.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from dlr_runtime.engine import (
     Engine,
-    IncrementalDecoder,
     SamplingParams,
-    StopMatcher,
-    sample_token,
 )
 
+from .events import Done, Failed, Final, Progress, Token
 from .metrics import Metrics
-
-_ids = itertools.count()
-
-
-class BatchError(RuntimeError):
-    """The batch this session's work was in failed; the message says why."""
-
-
-@dataclass
-class TextSession:
-    slot: int
-    pending: list[int]  # tokens sampled or appended but not yet fed to the state
-    last_logits: torch.Tensor | None = None  # (V,) logits after the last fed token
-    busy: bool = False  # a generation is running
-    inflight: asyncio.Future | None = None  # a prefill waiting for its batch
-
-
-@dataclass
-class Generation:
-    session: TextSession
-    params: SamplingParams
-    feed: list[int]  # tokens to prefill before the first sample
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
-    gen: torch.Generator | None = None
-    decoder: IncrementalDecoder = field(default_factory=IncrementalDecoder)
-    stop: StopMatcher | None = None
-    next_token: int | None = None  # sampled, not yet fed
-    sampled: list[int] = field(default_factory=list)  # every token sampled, in order
-    n_generated: int = 0
-    prompt_tokens: int = 0
-    created: float = field(default_factory=time.perf_counter)
-    last_time: float = 0.0
-    done: bool = False
-    cancelled: bool = False
-    finished: asyncio.Event = field(default_factory=asyncio.Event)
-    seq: int = field(default_factory=lambda: next(_ids))
-
-    def __post_init__(self) -> None:
-        self.gen = self.params.generator()
-        self.stop = StopMatcher(self.params.stop)
-        self.prompt_tokens = len(self.feed)
-
-
-@dataclass
-class SpeechStream:
-    slot: int
-    stride: int
-    chunks: list[torch.Tensor] = field(default_factory=list)  # waiting samples (model rate)
-    buffered: int = 0  # samples waiting
-    consumed: int = 0  # samples fed to the model
-    received: int = 0  # samples pushed (consumed + buffered + in the running batch)
-    ended: bool = False
-    final: asyncio.Future | None = None
-    latest: torch.Tensor | None = None  # (C,) scores after the last completed frame
-    progress: asyncio.Event = field(default_factory=asyncio.Event)  # for the partials sender
-    fed: asyncio.Event = field(default_factory=asyncio.Event)  # for backpressure waits
-    error: BaseException | None = None
-    seq: int = field(default_factory=lambda: next(_ids))
-
-    def take(self, n: int) -> torch.Tensor:
-        if not self.chunks:
-            return torch.zeros(0)
-        x = torch.cat(self.chunks) if len(self.chunks) > 1 else self.chunks[0]  # (buffered,)
-        head, rest = x[:n], x[n:]
-        self.chunks = [rest] if rest.numel() else []
-        self.buffered -= n
-        return head
-
-
-@dataclass
-class _Prefill:
-    fut: asyncio.Future  # resolved with the logits (V,) after the last token
-    slot: int
-
-
-@dataclass
-class _Batch:
-    prefill: list[tuple[Any, list[int]]] = field(
-        default_factory=list
-    )  # (Generation|_Prefill, toks)
-    prefill_last: list[bool] = field(default_factory=list)  # the item's last piece of prompt
-    sample_only: list[Generation] = field(default_factory=list)
-    decode: list[Generation] = field(default_factory=list)
-    audio: list[tuple[SpeechStream, torch.Tensor]] = field(default_factory=list)
-
-    def empty(self) -> bool:
-        return not (self.prefill or self.sample_only or self.decode or self.audio)
+from .work import (
+    Batch,
+    BatchError,
+    Generation,
+    Prefill,
+    Resample,
+    SpeechStream,
+    TextSession,
+    resample_all,
+    sample_row,
+    top_classes,
+)
 
 
 class Scheduler:
@@ -159,14 +87,13 @@ class Scheduler:
         self._starting: list[Generation] = []
         self._running: OrderedDict[int, Generation] = OrderedDict()
         self._streams: OrderedDict[int, SpeechStream] = OrderedDict()
+        self._resamples: list[Resample] = []
         self._wake = asyncio.Event()
         self._bg: set[asyncio.Task] = set()
         self._task: asyncio.Task | None = None
         self._closed = False
         self.batches_run = 0
-        self.fail_next_batch: BaseException | None = None  # test hook: raise in the next batch
         self._in_batch = False
-        self.paused = False  # test hook: form no batches while True (work queues up)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -179,6 +106,9 @@ class Scheduler:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
+        for r in self._resamples:
+            if not r.fut.done():
+                r.fut.set_exception(BatchError("the server is stopping"))
         self._executor.shutdown(wait=True, cancel_futures=True)
 
     async def _call(self, fn, *args):
@@ -199,10 +129,11 @@ class Scheduler:
 
     # ------------------------------------------------------------------ text
     async def prefill(self, session: TextSession, tokens: list[int]) -> torch.Tensor:
-        """Feed tokens into a text session's state; returns the logits after the last one."""
+        """Feed tokens into a text session's state; returns the logits after the last one
+        (raises BatchError when its row or batch failed)."""
         fut = asyncio.get_running_loop().create_future()
         session.inflight = fut
-        self._prefills.append((_Prefill(fut, session.slot), list(tokens)))
+        self._prefills.append((Prefill(fut, session.slot), list(tokens)))
         self._kick()
         logits = await asyncio.shield(fut)
         session.inflight = None
@@ -212,8 +143,8 @@ class Scheduler:
     def generate(self, session: TextSession, params: SamplingParams) -> Generation:
         """Start a generation: the session's pending tokens are fed, then tokens are sampled.
 
-        Events on `Generation.events`: ("token", id, text), then ("done", finish_reason, tail)
-        or ("error", BatchError). The last sampled token stays pending in the session.
+        Events on `Generation.events`: `Token`*, then `Done` or `Failed`. The last sampled
+        token stays pending in the session.
         """
         if session.busy:
             raise RuntimeError("a generation is already running in this session")
@@ -234,34 +165,53 @@ class Scheduler:
             self._kick()
 
     # ------------------------------------------------------------------ speech
-    def open_stream(self, slot: int) -> SpeechStream:
-        s = SpeechStream(slot=slot, stride=self.engine.config.frame_stride)
+    def open_stream(self, slot: int, resampler: Any = None) -> SpeechStream:
+        """A stream of audio into `slot`; `resampler` converts the client's rate (None: the
+        client sends the model's rate). Results arrive on `SpeechStream.events`."""
+        s = SpeechStream(slot=slot, stride=self.engine.config.frame_stride, resampler=resampler)
         self._streams[s.seq] = s
         return s
 
-    def push_audio(self, s: SpeechStream, samples: torch.Tensor) -> None:
-        """Queue samples (at the model's rate) for a stream."""
+    def _same_rate(self, s: SpeechStream) -> bool:
+        r = s.resampler
+        return r is None or r.orig == r.new
+
+    async def push_audio(self, s: SpeechStream, samples: torch.Tensor) -> None:
+        """Queue samples (L,) at the client's rate; returns once they are resampled (on the
+        engine thread, batched with other streams) and waiting for a batch."""
         if s.ended:
             raise RuntimeError("the stream has ended")
+        if self._same_rate(s):
+            if s.resampler is not None:
+                s.resampler.push(samples)  # bookkeeping only (no arithmetic at equal rates)
+            self.queue_audio(s, samples)
+            return
+        await self._resample(s, samples)
+
+    async def end_audio(self, s: SpeechStream) -> None:
+        """Mark the end of a stream (the resampler's tail is queued first); a `Final` follows
+        on `s.events` once all audio is fed."""
+        if s.ended:
+            return
+        if not self._same_rate(s):
+            await self._resample(s, None)
+        s.ended = True
+        self._kick()
+
+    async def _resample(self, s: SpeechStream, samples: torch.Tensor | None) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self._resamples.append(Resample(s, samples, fut))
+        self._kick()
+        await fut
+
+    def queue_audio(self, s: SpeechStream, samples: torch.Tensor) -> None:
+        """Queue samples already at the model's rate (a restored stream's buffer)."""
         if samples.numel():
             s.chunks.append(samples.to(torch.float32).reshape(-1))
             s.buffered += samples.numel()
             s.received += samples.numel()
             if s.buffered >= s.stride:
                 self._kick()
-
-    async def end_audio(self, s: SpeechStream) -> torch.Tensor:
-        """Mark the end of a stream; returns the final scores (C,) once all audio is fed."""
-        if s.error is not None:
-            self._streams.pop(s.seq, None)
-            raise s.error
-        s.ended = True
-        s.final = asyncio.get_running_loop().create_future()
-        self._kick()
-        try:
-            return await s.final
-        finally:
-            self._streams.pop(s.seq, None)
 
     def drop_stream(self, s: SpeechStream) -> None:
         self._streams.pop(s.seq, None)
@@ -300,15 +250,13 @@ class Scheduler:
         self._wake.set()
 
     def _audio_ready(self, s: SpeechStream) -> bool:
-        return s.error is None and (
-            s.buffered >= s.stride or (s.ended and s.final is not None and not s.final.done())
-        )
+        return not s.failed and (s.buffered >= s.stride or (s.ended and not s.final_sent))
 
     def _has_work(self) -> bool:
-        return bool(self._running or self.queue_depth())
+        return bool(self._running or self._resamples or self.queue_depth())
 
-    def _collect(self) -> _Batch:
-        b = _Batch()
+    def _collect(self) -> Batch:
+        b = Batch()
         cap = self.max_batch_size
         for g in list(self._running.values()):
             if g.cancelled:
@@ -346,12 +294,15 @@ class Scheduler:
                 k = min(s.buffered // s.stride, self.max_chunk_frames)
                 n = (1 << (k.bit_length() - 1)) * s.stride
             b.audio.append((s, s.take(n)))
+            final = s.ended and s.buffered == 0
+            s.final_sent = s.final_sent or final
+            b.audio_final.append(final)
             served.append(key)
         for key in served:  # round robin: served streams go to the back
             self._streams.move_to_end(key)
         return b
 
-    def _add_prefill(self, b: _Batch, item: Any, toks: list[int], carry: list) -> None:
+    def _add_prefill(self, b: Batch, item: Any, toks: list[int], carry: list) -> None:
         """Add at most `max_prefill_tokens` of a prompt (so decodes of other sessions are not
         held up by a long prompt); the rest waits in `carry`."""
         n = self.max_prefill_tokens
@@ -367,11 +318,12 @@ class Scheduler:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if self.paused:
-                await asyncio.sleep(0.005)
-                continue
+            if self._resamples:
+                await self._run_resamples()
             if not self._running and self.max_batch_wait_s > 0:
                 await asyncio.sleep(self.max_batch_wait_s)
+                if self._resamples:
+                    await self._run_resamples()
             self._wake.clear()
             batch = self._collect()
             if batch.empty():
@@ -389,11 +341,20 @@ class Scheduler:
             self.batches_run += 1
             self._deliver(batch, result)
 
+    async def _run_resamples(self) -> None:
+        jobs, self._resamples = self._resamples, []
+        outs = await self._call(resample_all, jobs)
+        for job, y in zip(jobs, outs, strict=True):
+            if job.fut.done():
+                continue
+            if isinstance(y, BaseException):
+                job.fut.set_exception(y)
+            else:
+                self.queue_audio(job.stream, y)
+                job.fut.set_result(None)
+
     # ------------------------------------------------------------------ engine thread
-    def _execute(self, b: _Batch) -> dict[str, Any]:
-        if self.fail_next_batch is not None:
-            err, self.fail_next_batch = self.fail_next_batch, None
-            raise err
+    def _execute(self, b: Batch) -> dict[str, Any]:
         eng, m, name = self.engine, self.metrics, self.name
         out: dict[str, Any] = {"prefill": [], "decode": [], "sample": [], "audio": []}
         if b.prefill:
@@ -404,11 +365,10 @@ class Scheduler:
             m.batch_size.labels(name, "prefill").observe(len(slots))
             m.prompt_tokens.labels(name).inc(sum(len(t) for _, t in b.prefill))
             for (item, _), last, row in zip(b.prefill, b.prefill_last, logits, strict=True):
-                sample = last and isinstance(item, Generation)
-                tok = sample_token(row, item.params, item.gen) if sample else None
-                out["prefill"].append((row, tok))
+                gen = item if last and isinstance(item, Generation) else None
+                out["prefill"].append(sample_row(row, gen) if last else (row, None))
         for g in b.sample_only:
-            out["sample"].append(sample_token(g.session.last_logits, g.params, g.gen))
+            out["sample"].append(sample_row(g.session.last_logits, g)[1])
         if b.decode:
             t0 = time.perf_counter()
             logits = eng.decode(
@@ -418,15 +378,21 @@ class Scheduler:
             m.batch_latency.labels(name, "decode").observe(time.perf_counter() - t0)
             m.batch_size.labels(name, "decode").observe(len(b.decode))
             for g, row in zip(b.decode, logits, strict=True):
-                out["decode"].append((row, sample_token(row, g.params, g.gen)))
+                out["decode"].append(sample_row(row, g))
         if b.audio:
             t0 = time.perf_counter()
             ys = eng.feed_audio([s.slot for s, _ in b.audio], [x for _, x in b.audio])
             finals = {}
-            ended = [s for s, _ in b.audio if s.ended and s.buffered == 0]
+            ended = [s for (s, _), f in zip(b.audio, b.audio_final, strict=True) if f]
             if ended:
                 sc = eng.scores([s.slot for s in ended]).float().cpu()  # (E, C)
                 finals = {s.seq: row for s, row in zip(ended, sc, strict=True)}
+            ys = [y.float().cpu() for y in ys]  # (frames_i, C) each
+            last = [
+                finals.get(s.seq, y[-1] if y.shape[0] else None)
+                for (s, _), y in zip(b.audio, ys, strict=True)
+            ]
+            tops = top_classes(last)  # softmax + top-k of the batch's rows at once
             dt = time.perf_counter() - t0
             audio_s = sum(x.numel() for _, x in b.audio) / eng.config.sample_rate
             m.batch_latency.labels(name, "audio").observe(dt)
@@ -434,9 +400,11 @@ class Scheduler:
             m.audio_seconds.labels(name).inc(audio_s)
             if audio_s > 0:
                 m.rtf.labels(name).observe(dt / audio_s)
-            out["audio"] = [
-                (y.float().cpu(), finals.get(s.seq)) for (s, _), y in zip(b.audio, ys, strict=True)
-            ]
+            for y, top in zip(ys, tops, strict=True):
+                bad = not bool(torch.isfinite(y).all()) or isinstance(top, Failed)
+                out["audio"].append(
+                    Failed("the model produced non-finite class scores") if bad else top
+                )
         return out
 
     @staticmethod
@@ -464,34 +432,42 @@ class Scheduler:
         task.add_done_callback(self._bg.discard)
 
     # ------------------------------------------------------------------ results
-    def _deliver(self, b: _Batch, out: dict[str, Any]) -> None:
+    def _deliver(self, b: Batch, out: dict[str, Any]) -> None:
         for (item, _), last, (row, tok) in zip(
             b.prefill, b.prefill_last, out["prefill"], strict=True
         ):
             if not last:
                 continue
-            if isinstance(item, Generation):
+            if isinstance(tok, Failed):
+                self._fail_item(item, BatchError(tok.message))
+            elif isinstance(item, Generation):
                 item.session.last_logits = row
                 self._on_token(item, tok)
             elif not item.fut.done():
                 item.fut.set_result(row)
         for g, tok in zip(b.sample_only, out["sample"], strict=True):
-            self._on_token(g, tok)
+            if isinstance(tok, Failed):
+                self._fail_gen(g, BatchError(tok.message))
+            else:
+                self._on_token(g, tok)
         for g, (row, tok) in zip(b.decode, out["decode"], strict=True):
-            g.session.last_logits = row
             g.next_token = None
+            if isinstance(tok, Failed):
+                self._fail_gen(g, BatchError(tok.message))
+                continue
+            g.session.last_logits = row
             self._on_token(g, tok)
         rate = self.engine.config.sample_rate or 1
-        for (s, x), (y, final) in zip(b.audio, out["audio"], strict=True):
+        for (s, x), final, top in zip(b.audio, b.audio_final, out["audio"], strict=True):
             s.consumed += x.numel()
-            if y.shape[0]:
-                s.latest = y[-1]
-            s.progress.set()
-            s.fed.set()
+            if isinstance(top, Failed):
+                self._fail_stream(s, BatchError(top.message))
+                continue
             self.metrics.speech_lag.labels(self.name).observe((s.received - s.consumed) / rate)
-            if final is not None and s.final is not None and not s.final.done():
-                s.latest = final
-                s.final.set_result(final)
+            if final:
+                s.events.put_nowait(Final(s.consumed, top))
+            else:
+                s.events.put_nowait(Progress(s.consumed, top))
 
     def _on_token(self, g: Generation, tok: int) -> None:
         now = time.perf_counter()
@@ -513,7 +489,7 @@ class Scheduler:
             self._finish(g, "stop")
             return
         text, stopped = g.stop.feed(g.decoder.feed(tok))
-        g.events.put_nowait(("token", tok, text))
+        g.events.put_nowait(Token(tok, text))
         if stopped:
             g.session.pending.append(tok)
             self._finish(g, "stop")
@@ -535,29 +511,41 @@ class Scheduler:
         g.session.busy = False
         g.finished.set()
         tail = "" if reason == "stop" else g.stop.feed(g.decoder.flush())[0] + g.stop.flush()
-        g.events.put_nowait(("done", reason, tail))
+        g.events.put_nowait(Done(reason, tail, g.n_generated))
 
-    def _fail(self, b: _Batch, e: BaseException) -> None:
+    def _fail(self, b: Batch, e: BaseException) -> None:
+        """The engine call raised: every session of the batch fails."""
         err = BatchError(f"inference failed: {type(e).__name__}: {e}")
         failed = {id(item) for item, _ in b.prefill}
         self._prefills = [(i, t) for i, t in self._prefills if id(i) not in failed]
         for item, _ in b.prefill:
-            if isinstance(item, Generation):
-                self._fail_gen(item, err)
-            elif not item.fut.done():
-                item.fut.set_exception(err)
+            self._fail_item(item, err)
         for g in b.sample_only + b.decode:
             self._fail_gen(g, err)
         for s, _ in b.audio:
-            s.error = err
-            s.progress.set()
-            s.fed.set()
-            if s.final is not None and not s.final.done():
-                s.final.set_exception(err)
+            self._fail_stream(s, err)
+
+    def _fail_item(self, item: Any, err: BatchError) -> None:
+        if isinstance(item, Generation):
+            self._fail_gen(item, err)
+        elif not item.fut.done():
+            item.fut.set_exception(err)
 
     def _fail_gen(self, g: Generation, err: BatchError) -> None:
+        if g.done:
+            return
         g.done = True
         g.finished.set()
         g.session.busy = False
         self._running.pop(g.seq, None)
-        g.events.put_nowait(("error", err))
+        g.events.put_nowait(Failed(str(err)))
+
+    def _fail_stream(self, s: SpeechStream, err: BatchError) -> None:
+        if s.failed:
+            return
+        s.failed = True
+        s.chunks, s.buffered = [], 0
+        s.events.put_nowait(Failed(str(err)))
+
+
+__all__ = ["BatchError", "Generation", "Scheduler", "SpeechStream", "TextSession"]

@@ -34,7 +34,12 @@ class Settings(BaseSettings):
         ge=0,
         description="CPU threads of each engine (0 = torch's default; raise for big models)",
     )
-    max_sessions: int = Field(256, ge=1, description="state slots per model (live sessions)")
+    max_sessions: int = Field(
+        256, ge=1, description="state slots per model: live sessions of one model"
+    )
+    max_total_sessions: int = Field(
+        0, ge=0, description="server-wide cap on live sessions of all models (0 = none)"
+    )
     max_batch_size: int = Field(64, ge=1, description="rows per batched call, per operation")
     max_batch_wait_ms: float = Field(
         2.0, ge=0, description="wait this long for more work before a batch without decodes"

@@ -1,4 +1,5 @@
-"""Imports go one way: server -> dlr_runtime <- training; clients need no torch."""
+"""Imports go one way: server -> dlr_runtime <- training; clients need no torch (an AST scan,
+and the import-linter contracts of pyproject.toml: layers, independence, no circles)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,24 @@ def test_import_direction(package: str) -> None:
         if hits:
             bad.append(f"{path.relative_to(ROOT)} imports {sorted(hits)}")
     assert not bad, "\n".join(bad)
+
+
+def test_import_contracts() -> None:
+    """The import-linter contracts of pyproject.toml: package arrows, the layers inside server/
+    and server/sessions/, independent routes, and no import circle inside any package."""
+    pytest.importorskip("importlinter")
+    import contextlib
+    import io
+    import os
+
+    from importlinter.cli import lint_imports
+
+    out = io.StringIO()
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        with contextlib.redirect_stdout(out):
+            code = lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True)
+    finally:
+        os.chdir(cwd)
+    assert code == 0, out.getvalue()

@@ -1,8 +1,10 @@
 """Text generation over HTTP: `POST /v1/generate` (own format) and `POST /v1/completions`
-(OpenAI-compatible), each non-streaming or as Server-Sent Events.
+(OpenAI-compatible), each non-streaming or as Server-Sent Events (sse-starlette).
 
-Each request is a short-lived session: a slot is taken, [bos] + prompt bytes are prefilled,
-tokens are sampled until max tokens, end of text or a stop string, and the slot is freed.
+Both share one prologue (`_open`: limits, model, admission, slot) and read the run's typed
+events (`Token`* then `Done` | `Failed`). Each request is a short-lived session: a slot is
+taken, [bos] + prompt bytes are prefilled, tokens are sampled until max tokens, end of text or
+a stop string, and the slot is freed (server/sessions/text.py).
 """
 
 from __future__ import annotations
@@ -11,110 +13,58 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
+from sse_starlette import EventSourceResponse
+from starlette.background import BackgroundTask
 
 from dlr_runtime.engine import PoolFullError
 
-from ..errors import api_error
+from ..admission import pool_full, refusal
+from ..context import AppContext, CtxDep
+from ..errors import NoModelError, api_error
+from ..events import Done, Failed, Token
 from ..protocol import CompletionRequest, GenerateRequest, SamplingFields
-from ..registry import ModelEntry
-from ..scheduler import BatchError, TextSession
-from ..state import NoModelError, ServerState, StateDep
+from ..sessions.text import Run, open_generation
 
 router = APIRouter()
+PING_S = 15  # SSE keep-alive comment interval
 
 
-def _check(
-    st: ServerState,
+async def _open(
+    ctx: AppContext,
     req: SamplingFields,
     prompt: str,
     model: str | None,
     max_tokens: int,
     max_field: str,
-) -> ModelEntry | Response:
-    if len(prompt) > st.settings.max_prompt_chars:
+) -> Run | Response:
+    """The shared prologue: a running generation, or the error response."""
+    s = ctx.settings
+    if len(prompt) > s.max_prompt_chars:
         return api_error(
             422,
-            f"prompt: longer than {st.settings.max_prompt_chars} characters",
+            f"prompt: longer than {s.max_prompt_chars} characters",
             "validation_error",
             "prompt",
         )
-    if max_tokens > st.settings.max_new_tokens:
+    if max_tokens > s.max_new_tokens:
         return api_error(
-            422, f"{max_field}: at most {st.settings.max_new_tokens}", "validation_error", max_field
+            422, f"{max_field}: at most {s.max_new_tokens}", "validation_error", max_field
         )
     try:
-        m = st.pick_model(model, "lm")
+        m = ctx.pick_model(model, "lm")
     except NoModelError as e:
         return api_error(404, str(e), "model_not_found", "model")
-    if st.draining:
-        st.metrics.rejections.labels("draining").inc()
-        return api_error(
-            503,
-            "the server is shutting down; retry on another replica",
-            "draining",
-            headers={"Retry-After": str(st.settings.retry_after_s)},
-        )
-    why = st.overloaded()
-    if why:
-        st.metrics.rejections.labels("queue_full").inc()
-        return api_error(
-            429,
-            f"{why}; retry later",
-            "overloaded",
-            headers={"Retry-After": str(st.settings.retry_after_s)},
-        )
-    if st.full() or m.engine.pool.available == 0:
-        st.metrics.rejections.labels("sessions_full").inc()
-        return api_error(
-            429,
-            "the server is at its session limit; retry later",
-            "overloaded",
-            headers={"Retry-After": str(st.settings.retry_after_s)},
-        )
-    return m
-
-
-async def _events(
-    st: ServerState, m: ModelEntry, prompt: str, req: SamplingFields, max_tokens: int
-) -> AsyncIterator[tuple]:
-    """Run one generation; yields ("start", seed, prompt_tokens), ("token", id, text), then
-    ("done", finish_reason, tail, completion_tokens) or ("error", message)."""
-    params = req.to_sampling(max_tokens)
-    tok = m.engine.tokenizer
-    feed = [tok.bos, *tok.encode(prompt)]
+    r = refusal(ctx, model=m)
+    if r is not None:
+        return r.response()
     try:
-        slot = await m.scheduler.open_slot()
+        return await open_generation(ctx, m, prompt, req, max_tokens)
     except PoolFullError:
-        yield ("error", "overloaded")
-        return
-    sid, t0 = st.session_started(m, "generate")
-    session = TextSession(slot=slot, pending=feed)
-    g = None
-    reason = "error"
-    try:
-        yield ("start", params.seed, len(feed))
-        if max_tokens == 0:
-            reason = "length"
-            yield ("done", "length", "", 0)
-            return
-        g = m.scheduler.generate(session, params)
-        while True:
-            ev = await g.events.get()
-            if ev[0] == "token":
-                yield ev
-            elif ev[0] == "done":
-                reason = ev[1]
-                yield ("done", ev[1], ev[2], g.n_generated)
-                return
-            else:
-                yield ("error", str(ev[1]))
-                return
-    finally:
-        m.scheduler.release(slot, session, g)
-        st.session_ended(sid, m, "generate", t0, reason)
+        return pool_full(ctx, m).response()
 
 
 def _usage(prompt_tokens: int, completion_tokens: int, total: bool = False) -> dict:
@@ -124,108 +74,103 @@ def _usage(prompt_tokens: int, completion_tokens: int, total: bool = False) -> d
     return u
 
 
-def _overloaded(st) -> Response:
-    return api_error(
-        429,
-        "no free session slot; retry later",
-        "overloaded",
-        headers={"Retry-After": str(st.settings.retry_after_s)},
+def _sse(run: Run, events: AsyncIterator[dict | str]) -> EventSourceResponse:
+    async def gen() -> AsyncIterator[str]:
+        async with aclosing(events):  # (the run's events inside close with it)
+            async for ev in events:
+                yield ev if isinstance(ev, str) else json.dumps(ev)
+
+    return EventSourceResponse(
+        gen(),
+        ping=PING_S,
+        sep="\n",
+        headers={"Cache-Control": "no-cache"},
+        background=BackgroundTask(run.close),  # (also when the client left before the end)
     )
 
 
-def _sse(obj: dict | str) -> str:
-    return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
+async def _collect(run: Run) -> tuple[str, Done] | Failed:
+    """A non-streaming generation: the whole text and its `Done`, or its `Failed`."""
+    text = []
+    async with aclosing(run.events()) as events:  # (closing it frees the slot now)
+        async for ev in events:
+            match ev:
+                case Token(text=piece):
+                    text.append(piece)
+                case Done(tail=tail):
+                    text.append(tail)
+                    return "".join(text), ev
+                case Failed():
+                    return ev
+    raise RuntimeError("generation ended without Done or Failed")
 
 
 @router.post("/v1/generate")
-async def generate(req: GenerateRequest, st: StateDep) -> Response:
-    m = _check(st, req, req.prompt, req.model, req.max_new_tokens, "max_new_tokens")
-    if isinstance(m, Response):
-        return m
-    events = _events(st, m, req.prompt, req, req.max_new_tokens)
-    first = await anext(events)
-    if first[0] == "error":
-        return _overloaded(st)
-    _, seed, n_prompt = first
+async def generate(req: GenerateRequest, ctx: CtxDep) -> Response:
+    run = await _open(ctx, req, req.prompt, req.model, req.max_new_tokens, "max_new_tokens")
+    if isinstance(run, Response):
+        return run
+    name = run.m.name
     if not req.stream:
-        text = []
-        try:
-            async for ev in events:
-                if ev[0] == "token":
-                    text.append(ev[2])
-                elif ev[0] == "done":
-                    text.append(ev[2])
-                    return JSONResponse(
-                        {
-                            "text": "".join(text),
-                            "finish_reason": ev[1],
-                            "usage": _usage(n_prompt, ev[3]),
-                            "seed": seed,
-                            "model": m.name,
-                        }
-                    )
-                else:
-                    return api_error(500, ev[1], "generation_failed")
-        finally:
-            await events.aclose()
+        match await _collect(run):
+            case Failed(message=message):
+                return api_error(500, message, "generation_failed")
+            case (text, Done(reason=reason, completion_tokens=n)):
+                return JSONResponse(
+                    {
+                        "text": text,
+                        "finish_reason": reason,
+                        "usage": _usage(run.prompt_tokens, n),
+                        "seed": run.seed,
+                        "model": name,
+                    }
+                )
 
-    async def stream() -> AsyncIterator[str]:
+    async def stream() -> AsyncIterator[dict]:
         full, i = [], 0
-        try:
-            async for ev in events:
-                if ev[0] == "token":
-                    full.append(ev[2])
-                    yield _sse(
-                        {
-                            "type": "token",
-                            "index": i,
-                            "token": {"id": ev[1], "text": ev[2]},
-                            "text": ev[2],
-                        }
-                    )
+        async for ev in run.events():
+            match ev:
+                case Token(id=tid, text=text):
+                    full.append(text)
+                    yield {
+                        "type": "token",
+                        "index": i,
+                        "token": {"id": tid, "text": text},
+                        "text": text,
+                    }
                     i += 1
-                elif ev[0] == "done":
-                    full.append(ev[2])
-                    yield _sse(
-                        {
-                            "type": "done",
-                            "text": ev[2],
-                            "finish_reason": ev[1],
-                            "usage": _usage(n_prompt, ev[3]),
-                            "seed": seed,
-                            "generated_text": "".join(full),
-                        }
-                    )
-                else:
-                    yield _sse(
-                        {"type": "error", "error": {"message": ev[1], "code": "generation_failed"}}
-                    )
-        finally:
-            await events.aclose()
+                case Done(reason=reason, tail=tail, completion_tokens=n):
+                    full.append(tail)
+                    yield {
+                        "type": "done",
+                        "text": tail,
+                        "finish_reason": reason,
+                        "usage": _usage(run.prompt_tokens, n),
+                        "seed": run.seed,
+                        "generated_text": "".join(full),
+                    }
+                case Failed(message=message):
+                    yield {
+                        "type": "error",
+                        "error": {"message": message, "code": "generation_failed"},
+                    }
 
-    return StreamingResponse(
-        stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-    )
+    return _sse(run, stream())
 
 
 @router.post("/v1/completions")
-async def completions(req: CompletionRequest, st: StateDep) -> Response:
-    m = _check(st, req, req.prompt, req.model, req.max_tokens, "max_tokens")
-    if isinstance(m, Response):
-        return m
-    events = _events(st, m, req.prompt, req, req.max_tokens)
-    first = await anext(events)
-    if first[0] == "error":
-        return _overloaded(st)
-    n_prompt = first[2]
-    cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+async def completions(req: CompletionRequest, ctx: CtxDep) -> Response:
+    run = await _open(ctx, req, req.prompt, req.model, req.max_tokens, "max_tokens")
+    if isinstance(run, Response):
+        return run
+    cid, created, name = f"cmpl-{uuid.uuid4().hex}", int(time.time()), run.m.name
 
     def body(text: str, finish: str | None, usage: dict | None = None) -> dict:
         out = {
             "id": cid,
             "object": "text_completion",
             "created": created,
-            "model": m.name,
+            "model": name,
             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
         }
         if usage is not None:
@@ -233,42 +178,28 @@ async def completions(req: CompletionRequest, st: StateDep) -> Response:
         return out
 
     if not req.stream:
-        text = [req.prompt] if req.echo else []
-        try:
-            async for ev in events:
-                if ev[0] == "token":
-                    text.append(ev[2])
-                elif ev[0] == "done":
-                    text.append(ev[2])
-                    return JSONResponse(body("".join(text), ev[1], _usage(n_prompt, ev[3], True)))
-                else:
-                    return api_error(500, ev[1], "generation_failed")
-        finally:
-            await events.aclose()
+        match await _collect(run):
+            case Failed(message=message):
+                return api_error(500, message, "generation_failed")
+            case (text, Done(reason=reason, completion_tokens=n)):
+                echo = req.prompt if req.echo else ""
+                return JSONResponse(body(echo + text, reason, _usage(run.prompt_tokens, n, True)))
 
-    async def stream() -> AsyncIterator[str]:
-        try:
-            if req.echo:
-                yield _sse(body(req.prompt, None))
-            async for ev in events:
-                if ev[0] == "token":
-                    if ev[2]:
-                        yield _sse(body(ev[2], None))
-                elif ev[0] == "done":
-                    yield _sse(body(ev[2], ev[1], _usage(n_prompt, ev[3], True)))
-                else:
-                    yield _sse(error_chunk(ev[1]))
-            yield _sse("[DONE]")
-        finally:
-            await events.aclose()
+    async def stream() -> AsyncIterator[dict | str]:
+        if req.echo:
+            yield body(req.prompt, None)
+        async for ev in run.events():
+            match ev:
+                case Token(text=text) if text:
+                    yield body(text, None)
+                case Done(reason=reason, tail=tail, completion_tokens=n):
+                    yield body(tail, reason, _usage(run.prompt_tokens, n, True))
+                case Failed(message=message):
+                    yield error_chunk(message)
+        yield "[DONE]"
 
-    return StreamingResponse(
-        stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-    )
+    return _sse(run, stream())
 
 
 def error_chunk(message: str) -> dict:
     return {"error": {"message": message, "type": "server_error", "code": "generation_failed"}}
-
-
-__all__ = ["BatchError", "router"]

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from ..state import StateDep
+from ..context import CtxDep
 
 router = APIRouter()
 
@@ -17,7 +17,7 @@ async def healthz() -> dict:
 
 
 @router.get("/readyz")
-async def readyz(st: StateDep) -> JSONResponse:
+async def readyz(st: CtxDep) -> JSONResponse:
     body = {
         "ready": st.ready,
         "models": sorted(st.models),
@@ -28,7 +28,7 @@ async def readyz(st: StateDep) -> JSONResponse:
 
 
 @router.get("/metrics")
-async def metrics(st: StateDep) -> Response:
+async def metrics(st: CtxDep) -> Response:
     for m in st.models.values():
         st.metrics.queue_depth.labels(m.name).set(m.scheduler.queue_depth())
         st.metrics.slots_in_use.labels(m.name).set(m.engine.pool.in_use)
@@ -36,5 +36,5 @@ async def metrics(st: StateDep) -> Response:
 
 
 @router.get("/v1/models")
-async def list_models(st: StateDep) -> dict:
+async def list_models(st: CtxDep) -> dict:
     return {"object": "list", "data": [m.info(st.settings) for m in st.models.values()]}

@@ -10,95 +10,24 @@
   `invalid_state`, a blob of a model this server does not serve (or of another config) with
   409 `state_model_mismatch`.
 
-`restore_blob` is also how the drain's persisted states come back at start-up.
+`restore_blob` (server/sessions/restore.py) is also how the drain's persisted states come back at start-up.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse, Response
 
-from dlr_runtime.engine import PoolFullError, SnapshotError
-from dlr_runtime.engine.snapshot import read_header
+from dlr_runtime.engine import SnapshotError
 
+from ..admission import refusal
 from ..errors import api_error
-from ..sessions import LiveSession, Outbox
-from ..state import ServerState, StateDep
-from .speech import SpeechSession
-from .text_stream import TextLive
+from ..sessions.restore import NoCapacity, StateMismatch, restore_blob
+from ..sessions.store import StoreDep
 
 router = APIRouter()
-KINDS: dict[str, type] = {"speech": SpeechSession, "text": TextLive}
-
-
-class StateMismatch(Exception):
-    """The blob is valid but belongs to a model (or config) this server does not serve."""
-
-
-class NoCapacity(Exception):
-    """No free slot or session for the restored session."""
-
-
-async def restore_blob(st: ServerState, blob: bytes, persisted: bool = False) -> LiveSession:
-    """Create a detached session from a state blob. With `persisted`, the session keeps its
-    id, token hash and replay buffer (a drain file); otherwise it gets new ones.
-
-    Raises SnapshotError (malformed/tampered), StateMismatch, NoCapacity.
-    """
-    header = read_header(blob)
-    extra = header.get("extra")
-    if not isinstance(extra, dict) or extra.get("kind") not in KINDS:
-        raise SnapshotError("state snapshot carries no session (extra.kind is missing)")
-    m = st.models.get(header["model"]) if isinstance(header["model"], str) else None
-    if m is None:
-        raise StateMismatch(
-            f"state is for model {header['model']!r}; this server serves {sorted(st.models)}"
-        )
-    if header["config_hash"] != m.engine.config_hash:
-        raise StateMismatch(
-            f"state is for another configuration of model {m.name!r} (config hash differs)"
-        )
-    cls = KINDS[extra["kind"]]
-    if (cls is SpeechSession) != (m.kind == "speech"):
-        raise SnapshotError("state session kind does not match the model")
-    if st.full() or st.draining:
-        raise NoCapacity("the server is at its session limit")
-    kw: dict[str, Any] = {}
-    if persisted:
-        try:
-            kw = {
-                "sid": str(extra["session_id"]),
-                "token_hash": bytes.fromhex(extra["token_sha256"]),
-                "outbox": Outbox(
-                    st.settings.resume_buffer_messages, int(extra["seq"]), list(extra["outbox"])
-                ),
-                "sent_seq": int(extra["sent_seq"]),
-            }
-        except (KeyError, TypeError, ValueError) as e:
-            raise SnapshotError(f"persisted session fields are malformed: {e}") from e
-        if kw["sid"] in st.store.live:
-            raise SnapshotError(f"session {kw['sid']} is already live")
-    try:
-        slot = await m.scheduler.open_slot()
-    except PoolFullError:
-        raise NoCapacity(f"model {m.name!r} has no free session slot") from None
-    try:
-        await m.scheduler.run_sync(m.engine.restore, slot, blob)
-        sess = cls.from_extra(st, m, slot, extra, **kw)
-    except (KeyError, TypeError, ValueError, SnapshotError) as e:
-        await m.scheduler.close_slot(slot)
-        if isinstance(e, SnapshotError):
-            raise
-        raise SnapshotError(f"state snapshot session fields are malformed: {e}") from e
-    if persisted and extra.get("completed"):
-        sess.completed = True
-    st.session_started(m, sess.kind, sess.sid)
-    st.store.add(sess)
-    st.store.detach(sess)
-    return sess
 
 
 @router.get(
@@ -107,10 +36,10 @@ async def restore_blob(st: ServerState, blob: bytes, persisted: bool = False) ->
 )
 async def export_state(
     session_id: str,
-    st: StateDep,
+    store: StoreDep,
     x_resume_token: str = Header(default="", max_length=256),
 ) -> Response:
-    sess = st.store.verify(session_id, x_resume_token)
+    sess = store.verify(session_id, x_resume_token)
     if sess is None:
         return api_error(
             404, "unknown session id or wrong X-Resume-Token", "session_not_found", "session_id"
@@ -119,7 +48,7 @@ async def export_state(
         blob = await sess.export()
     except SnapshotError as e:
         return api_error(409, str(e), "session_busy")
-    st.metrics.resumes.labels(sess.kind, "export").inc()
+    store.ctx.metrics.resumes.labels(sess.kind, "export").inc()
     return Response(
         blob,
         media_type="application/octet-stream",
@@ -140,14 +69,11 @@ async def export_state(
     },
     responses={400: {}, 409: {}, 413: {}, 429: {}, 503: {}},
 )
-async def import_state(request: Request, st: StateDep) -> Response:
-    if st.draining:
-        return api_error(
-            503,
-            "the server is shutting down",
-            "draining",
-            headers={"Retry-After": str(st.settings.retry_after_s)},
-        )
+async def import_state(request: Request, store: StoreDep) -> Response:
+    st = store.ctx
+    r = refusal(st) if st.draining else None  # (capacity is checked once the blob is read)
+    if r is not None:
+        return r.response()
     limit = st.settings.max_state_bytes
     body = bytearray()
     async for chunk in request.stream():
@@ -155,15 +81,13 @@ async def import_state(request: Request, st: StateDep) -> Response:
         if len(body) > limit:
             return api_error(413, f"state blob larger than max_state_bytes={limit}", "too_large")
     try:
-        sess = await restore_blob(st, bytes(body))
+        sess = await restore_blob(store, bytes(body))
     except SnapshotError as e:
         return api_error(400, str(e), "invalid_state")
     except StateMismatch as e:
         return api_error(409, str(e), "state_model_mismatch", "model")
     except NoCapacity as e:
-        return api_error(
-            429, str(e), "overloaded", headers={"Retry-After": str(st.settings.retry_after_s)}
-        )
+        return e.refusal.response()
     st.metrics.resumes.labels(sess.kind, "import").inc()
     await asyncio.sleep(0)
     return JSONResponse(

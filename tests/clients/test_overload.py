@@ -11,7 +11,8 @@ from clients import AsyncSpeechClient, ChatSession, GenerateClient, Overloaded, 
 
 
 def test_full_server_refuses_with_overloaded(server_factory, models_dir, word_wav):
-    server = server_factory(models_dir, max_sessions="1", retry_after_s="1")
+    # the server-wide cap (max_sessions is per model: a text session never takes speech slots)
+    server = server_factory(models_dir, max_total_sessions="1", retry_after_s="1")
     with ChatSession(server.url) as held:  # takes the only session
         assert held.session_id
 

@@ -96,8 +96,7 @@ def test_chat_resumes_across_a_server_restart(server_factory, models_dir, tmp_pa
     async def across_restart() -> tuple[list[str], int]:
         async with AsyncChatSession(first.url, resume_timeout=90) as chat:
             a = (await chat.say("One", max_new_tokens=8, temperature=0)).text
-            first.proc.terminate()  # graceful stop: drain + persist
-            await asyncio.to_thread(first.proc.wait, 30)
+            await asyncio.to_thread(first.stop, 30)  # graceful stop: drain + persist
             await asyncio.to_thread(server_factory, models_dir, port, state_dir=str(state))
             b = (await chat.say(" two", max_new_tokens=8, temperature=0)).text
             return [a, b], chat.reconnects

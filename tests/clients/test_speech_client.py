@@ -181,7 +181,7 @@ def test_server_going_away_mid_stream_is_reported_not_hung(server_factory, model
             chunks = np.array_split(long_audio, 200)
             async for r in c.stream(chunks, sample_rate=clip.sample_rate, realtime=True):
                 if r.audio_ms >= 300 and not stopped_at:
-                    server.proc.terminate()  # graceful shutdown while the stream is live
+                    server.terminate()  # graceful shutdown while the stream is live
                     stopped_at.append(time.monotonic())
 
     with pytest.raises(ConnectionFailed):

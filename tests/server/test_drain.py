@@ -14,7 +14,9 @@ import pytest
 import websockets
 
 from tests.conftest import LM_NAME
-from tests.server.conftest import LiveServer, ServerProcess, make_settings
+from tests.server.conftest import LiveServer, make_settings, process_server
+from tests.server.faults import install
+from tests.server.waits import eventually
 from tests.server.wshelp import (
     SPEECH,
     TEXT,
@@ -47,26 +49,24 @@ def test_draining_refuses_new_work_and_finishes_in_flight(models_dir, tmp_path):
     srv = LiveServer(make_settings(models_dir, state_dir=tmp_path / "state", drain_timeout_s=20))
     srv.__enter__()
     st = srv.app.state.dlr
-    sched = st.models[LM_NAME].scheduler
+    faults = install(st.models[LM_NAME].scheduler)
 
     async def main():
-        ws, _ = await text_start(srv.ws)
+        ws, hello = await text_start(srv.ws)
         await send_json(ws, {"type": "append", "text": "abc"})
-        sched.paused = True  # the generation cannot finish yet
+        faults.pause()  # the generation cannot finish yet
         await send_json(ws, {"type": "generate", "max_new_tokens": 5, "temperature": 0})
-        await asyncio.sleep(0.2)
+        live = srv.app.state.sessions.live  # (the append arrived; its prefill is held back)
+        await eventually(lambda: live[hello["session_id"]].messages_received >= 1)
         stopper = threading.Thread(target=lambda: setattr(srv.server, "should_exit", True))
         stopper.start()
         async with httpx.AsyncClient(timeout=5) as h:
-            for _ in range(100):
-                if (await h.get(srv.http + "/readyz")).status_code == 503:
-                    break
-                await asyncio.sleep(0.02)
+            await eventually(lambda: not st.ready, timeout=5)
             ready = await h.get(srv.http + "/readyz")
             gen = await h.post(srv.http + "/v1/generate", json={"prompt": "x", "max_new_tokens": 2})
         ws2 = await websockets.connect(srv.ws + TEXT)
         refused = await recv_json(ws2)
-        sched.paused = False  # in-flight work completes, then the client is told
+        faults.resume()  # in-flight work completes, then the client is told
         text, done = await text_collect(ws)
         bye = await recv_json(ws)
         await ws.wait_closed()
@@ -91,7 +91,7 @@ def test_sigterm_mid_stream_then_restart_resumes_all(models_dir, tmp_path):
     clips = [clip(i) for i in range(3)]
     gen = {"max_new_tokens": 60, "temperature": 0.9, "seed": 11}
     turns = ["Hi there", " go on", " third"]
-    a = ServerProcess(models_dir, tmp_path / "a.log", state_dir=state, resume_grace_s=60)
+    a = process_server(models_dir, tmp_path / "a.log", state_dir=state, resume_grace_s=60)
     with a:
 
         async def first_half():
@@ -133,7 +133,7 @@ def test_sigterm_mid_stream_then_restart_resumes_all(models_dir, tmp_path):
     files = sorted(state.glob("*.state"))
     assert len(files) == 5
     (state / ("0" * 32 + ".state")).write_bytes(files[0].read_bytes()[:-10] + b"corrupted!")
-    b = ServerProcess(models_dir, tmp_path / "b.log", state_dir=state, resume_grace_s=60)
+    b = process_server(models_dir, tmp_path / "b.log", state_dir=state, resume_grace_s=60)
     with b:
 
         async def second_half():

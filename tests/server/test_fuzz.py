@@ -23,6 +23,8 @@ from schemathesis.checks import not_a_server_error
 from tests.server.conftest import LiveServer, make_settings
 from tests.server.wshelp import SPEECH, TEXT, recv_json, s16, speech_solo, text_start, text_turn
 
+pytestmark = pytest.mark.slow  # fuzzing: tens of seconds of generated input
+
 FRAME_LIMIT = 4096
 CODES = {
     "invalid_json",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from server.app import create_app
 from server.registry import valid_model_name
 from tests.conftest import LM_NAME, SPEECH_NAME
 from tests.server.conftest import make_settings
+from tests.server.waits import eventually_sync
 
 
 def sse_events(text: str) -> list:
@@ -115,16 +115,36 @@ def test_unknown_and_wrong_kind_model(client):
 
 
 def test_session_limit_gives_429_with_retry_after(client):
-    st = client.app.state.dlr
-    st.sessions = st.settings.max_sessions  # every slot taken by other sessions
+    m = client.app.state.dlr.models[LM_NAME]
+    m.sessions = client.app.state.dlr.settings.max_sessions  # every slot taken by others
     try:
         r = client.post("/v1/generate", json={"prompt": "x"})
         assert r.status_code == 429
         assert r.headers["retry-after"] == "1"
         assert r.json()["error"]["code"] == "overloaded"
     finally:
-        st.sessions = 0
+        m.sessions = 0
     assert client.post("/v1/generate", json={"prompt": "x", "max_new_tokens": 1}).status_code == 200
+
+
+def test_session_limits_are_per_model_with_a_separate_server_wide_cap(models_dir):
+    """A full speech model does not block text generation; `max_total_sessions` does."""
+    with TestClient(create_app(make_settings(models_dir, max_total_sessions=3))) as c:
+        st = c.app.state.dlr
+        st.models[SPEECH_NAME].sessions = st.settings.max_sessions
+        st.sessions = st.settings.max_sessions  # (the server-wide count includes them)
+        try:
+            r = c.post("/v1/generate", json={"prompt": "x", "max_new_tokens": 1})
+            assert r.status_code == 429  # max_total_sessions=3 is reached
+            assert "max_total_sessions" in r.json()["error"]["message"]
+            st.sessions = 2
+            assert (
+                c.post("/v1/generate", json={"prompt": "x", "max_new_tokens": 1}).status_code == 200
+            )
+        finally:
+            st.models[SPEECH_NAME].sessions = 0
+            st.sessions = 0
+        assert c.get("/v1/models").json()["data"][0]["limits"]["max_total_sessions"] == 3
 
 
 def test_metrics_exposed(client):
@@ -147,11 +167,7 @@ def test_metrics_exposed(client):
     assert f'dlr_generated_tokens_total{{model="{LM_NAME}"}} 3.0' in text
     # the slot is freed by the scheduler just after the response is sent: allow it a moment
     freed = f'dlr_pool_slots_in_use{{model="{LM_NAME}"}} 0.0'
-    deadline = time.monotonic() + 5.0
-    while freed not in text and time.monotonic() < deadline:
-        time.sleep(0.05)
-        text = client.get("/metrics").text
-    assert freed in text
+    eventually_sync(lambda: freed in client.get("/metrics").text, timeout=5)
 
 
 def test_session_log_lines(client, caplog):

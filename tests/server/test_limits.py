@@ -1,6 +1,6 @@
 """Idle eviction (message, close code, metric), backpressure through the socket and its 1013
 limit, lag reporting, server-wide admission (429/1013 + Retry-After) and keepalive pings
-(real uvicorn + `websockets`; the scheduler's `paused` test hook holds batches back)."""
+(real uvicorn + `websockets`; a paused `FaultyEngine` holds batches back)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import websockets
 
 from tests.conftest import LM_NAME, SPEECH_NAME
 from tests.server.conftest import LiveServer, make_settings
+from tests.server.faults import install
+from tests.server.waits import eventually
 from tests.server.wshelp import (
     TEXT,
     recv_json,
@@ -53,7 +55,7 @@ def test_idle_eviction_tells_the_client_on_both_endpoints(models_dir):
             await recv_json(ws)
             out.append((await recv_json(ws), ws))
             for _, w in out:
-                await w.wait_closed()
+                await asyncio.wait_for(w.wait_closed(), 10)
             return [(m, w.close_code) for m, w in out]
 
         res = asyncio.run(main())
@@ -72,31 +74,34 @@ def test_backpressure_slows_then_closes_with_1013(models_dir):
     )
     with LiveServer(settings) as srv:
         sched = srv.app.state.dlr.models[SPEECH_NAME].scheduler
+        faults = install(sched)
         data = audio(3.0, 1)
 
         async def main():
             solo = await speech_solo(srv.ws, data, CHUNK)
             # held back for less than the timeout: slowed, then it completes unchanged
             ws, _ = await speech_start(srv.ws, interim_results=False)
-            sched.paused = True
+            sched.max_chunk_frames = 1  # what a paused engine holds is one 10 ms frame
+            faults.pause()
             for i in range(0, len(data), CHUNK):
                 await ws.send(data[i : i + CHUNK])
             await asyncio.sleep(0.5)
             held = [s.received / 16000 for s in sched.streams()]
-            sched.paused = False
+            faults.resume()
+            sched.max_chunk_frames = 64
             await send_json(ws, {"type": "end"})
             final = await until_final(ws, [])
             await ws.close()
             # held back longer than the timeout: told and closed
             ws, _ = await speech_start(srv.ws, interim_results=False)
-            sched.paused = True
+            faults.pause()
             t0 = time.monotonic()
             for i in range(0, len(data), CHUNK):
                 await ws.send(data[i : i + CHUNK])
             err = await recv_json(ws, timeout=10)
             waited = time.monotonic() - t0
-            await ws.wait_closed()
-            sched.paused = False
+            await asyncio.wait_for(ws.wait_closed(), 10)
+            faults.resume()
             return solo, held, final, err, waited, ws.close_code
 
         solo, held, final, err, waited, code = asyncio.run(main())
@@ -140,23 +145,26 @@ def test_server_wide_queue_limit_refuses_new_work_only(models_dir):
     settings = make_settings(models_dir, max_total_queued_audio_s=1.0, retry_after_s=3)
     with LiveServer(settings) as srv:
         sched = srv.app.state.dlr.models[SPEECH_NAME].scheduler
+        faults = install(sched)
         data = audio(1.5, 3)
 
         async def main():
             ws, _ = await speech_start(srv.ws, interim_results=False)
-            sched.paused = True
+            sched.max_chunk_frames = 1  # a paused engine holds one frame, the rest queues
+            faults.pause()
             await ws.send(data)
-            await asyncio.sleep(0.2)
+            await eventually(lambda: sched.queued_audio_s() > 1.0, timeout=10)
             ws2 = await websockets.connect(srv.ws + "/v1/speech/stream")
             with contextlib.suppress(websockets.ConnectionClosed):  # refused at the handshake
                 await send_json(ws2, {"type": "start", "sample_rate": 16000})
             refused = await recv_json(ws2)
-            await ws2.wait_closed()
+            await asyncio.wait_for(ws2.wait_closed(), 10)
             async with httpx.AsyncClient() as h:
                 gen = await h.post(
                     srv.http + "/v1/generate", json={"prompt": "a", "max_new_tokens": 1}
                 )
-            sched.paused = False
+            faults.resume()
+            sched.max_chunk_frames = 64
             t0 = time.monotonic()
             await send_json(ws, {"type": "end"})
             final = await until_final(ws, [])

@@ -11,9 +11,9 @@ import openai
 import pytest
 import websockets
 
-from server.scheduler import BatchError
 from tests.conftest import LM_NAME
 from tests.server.conftest import LiveServer, make_settings
+from tests.server.faults import install
 
 
 def test_openai_client_completions(live):
@@ -141,7 +141,7 @@ def test_batch_failure_fails_only_that_batch_and_server_keeps_serving(models_dir
             async with httpx.AsyncClient(base_url=srv.http, timeout=60) as c:
                 body = {"prompt": "abc", "max_new_tokens": 4, "temperature": 0}
                 ok = (await c.post("/v1/generate", json=body)).json()
-                sched.fail_next_batch = BatchError("injected failure")
+                install(sched).fail_next = RuntimeError("injected failure")
                 failed = await asyncio.gather(
                     *[c.post("/v1/generate", json=body) for _ in range(3)]
                 )

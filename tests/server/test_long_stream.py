@@ -16,7 +16,7 @@ import websockets
 
 from dlr_runtime import DLRConfig, DLRModel, load_recurrent, save_checkpoint
 from tests.conftest import LABELS
-from tests.server.conftest import ServerProcess
+from tests.server.conftest import process_server
 
 HOUR_S = 3600
 MSG_S = 8  # seconds of audio per WebSocket message
@@ -61,7 +61,7 @@ def reference_scores(path) -> torch.Tensor:
 @pytest.mark.slow  # a dlr-serve subprocess (or two) and tens of seconds of load
 def test_one_hour_stream_correct_and_flat_memory(hour_model, tmp_path):
     n_msgs = HOUR_S // MSG_S
-    srv = ServerProcess(
+    srv = process_server(
         hour_model,
         tmp_path / "server.log",
         max_chunk_frames=4096,

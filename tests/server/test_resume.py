@@ -16,6 +16,7 @@ import websockets
 from dlr_runtime import DLRModel, save_checkpoint
 from tests.conftest import LM_NAME, SPEECH_NAME, TOKENIZER, tiny_lm_config, write_models
 from tests.server.conftest import LiveServer, make_settings
+from tests.server.waits import eventually
 from tests.server.wshelp import (
     SPEECH,
     TEXT,
@@ -53,6 +54,11 @@ def slots_in_use(srv: LiveServer, model: str) -> int:
     return srv.app.state.dlr.models[model].engine.pool.in_use
 
 
+def detached(srv: LiveServer, sid: str) -> bool:
+    sess = srv.app.state.sessions.live.get(sid)
+    return sess is not None and sess.detached_since is not None
+
+
 def test_speech_resume_equals_uninterrupted(srv):
     data = clip(1)
 
@@ -63,8 +69,8 @@ def test_speech_resume_equals_uninterrupted(srv):
         for i in range(0, half, CHUNK):
             await ws.send(data[i : min(i + CHUNK, half)])
         seen = [await recv_json(ws)]  # at least one partial arrived
-        drop(ws)
-        await asyncio.sleep(0.3)  # the server notices; the audio it got is still processed
+        drop(ws)  # the server notices; the audio it got is still processed
+        await eventually(lambda: detached(srv, ready["session_id"]))
         ws2, again = await resume(srv.ws, SPEECH, ready, last_seq=seen[-1]["seq"])
         assert again["session_id"] == ready["session_id"]
         sent = again["bytes_received"]
@@ -97,7 +103,7 @@ def test_text_resume_mid_generation_replays_and_continues(srv):
         await send_json(ws, {"type": "generate", **gen})
         got = [await recv_json(ws) for _ in range(3)]
         drop(ws)
-        await asyncio.sleep(0.2)
+        await eventually(lambda: detached(srv, ready["session_id"]))
         ws2, again = await resume(srv.ws, TEXT, ready, last_seq=got[-1]["seq"])
         assert again["messages_received"] == 2
         rest, done = await text_collect(ws2, got)
@@ -118,7 +124,8 @@ def test_resume_refusals_and_grace_expiry(models_dir):
         async def main():
             ws, ready = await speech_start(s.ws)
             await ws.send(clip(2, 0.2))
-            await asyncio.sleep(0.1)
+            live = s.app.state.sessions.live
+            await eventually(lambda: live[ready["session_id"]].bytes_received == 6400)
             drop(ws)
             out = {}
             for name, bad in (
@@ -144,9 +151,9 @@ def test_resume_refusals_and_grace_expiry(models_dir):
             )
             out["kind"] = await recv_json(ws)
             await ws.close()
-            await asyncio.sleep(0.2)
-            out["held"] = slots_in_use(s, SPEECH_NAME)
-            await asyncio.sleep(0.8)  # grace over: the slot is freed
+            out["held"] = slots_in_use(s, SPEECH_NAME)  # (detached: resumes were refused)
+            # grace over: the slot is freed
+            await eventually(lambda: slots_in_use(s, SPEECH_NAME) == 0, timeout=5)
             out["after"] = slots_in_use(s, SPEECH_NAME)
             ws = await websockets.connect(s.ws + SPEECH)
             await send_json(
@@ -176,8 +183,8 @@ def test_resume_refusals_and_grace_expiry(models_dir):
 def test_clean_close_frees_the_slot_at_once(srv):
     async def main():
         ws, _ = await speech_start(srv.ws)
-        await ws.close()  # 1000: the client is done, nothing to keep
-        await asyncio.sleep(0.3)
+        await ws.close()  # 1000: the client is done, nothing to keep (grace is 20 s)
+        await eventually(lambda: slots_in_use(srv, SPEECH_NAME) == 0, timeout=5)
         return slots_in_use(srv, SPEECH_NAME)
 
     assert asyncio.run(main()) == 0
@@ -226,7 +233,8 @@ def test_export_import_between_servers(srv, models_dir, tmp_path):
                 ws, ready = await speech_start(srv.ws, interim_results=False)
                 half = len(data) // 2
                 await ws.send(data[:half])
-                await asyncio.sleep(0.3)
+                live = srv.app.state.sessions.live
+                await eventually(lambda: live[ready["session_id"]].bytes_received == half)
                 url = f"{srv.http}/v1/sessions/{ready['session_id']}/state"
                 r = await h.get(url, headers={"X-Resume-Token": ready["resume_token"]})
                 await ws.close()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from server.cli import build_parser
+from server.cli import parse_settings
 from server.settings import DEFAULT_MODELS_DIR, Settings
 
 
@@ -26,11 +26,9 @@ def test_env_and_flags(monkeypatch, tmp_path):
     monkeypatch.setenv("DLR_MAX_BATCH_SIZE", "1")
     s = Settings()
     assert (s.port, s.models_dir, s.max_batch_size) == (9123, tmp_path, 1)
-    args = build_parser().parse_args(
+    s = parse_settings(
         ["--port", "9000", "--max-batch-wait-ms", "0.5", "--state-dtype", "complex128"]
     )
-    overrides = {k: v for k, v in vars(args).items() if v is not None}
-    s = Settings(**overrides)
     assert (s.port, s.max_batch_wait_ms, s.state_dtype, s.max_batch_size) == (
         9000,
         0.5,
@@ -38,7 +36,7 @@ def test_env_and_flags(monkeypatch, tmp_path):
         1,
     )  # flags override env, env fills the rest
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["--backend", "tensorrt"])
+        parse_settings(["--backend", "tensorrt"])
 
 
 def test_invalid_env_is_a_clear_error(monkeypatch):

@@ -17,6 +17,7 @@ from dlr_runtime import load_recurrent
 from server.app import create_app
 from tests.conftest import SPEECH_NAME
 from tests.server.conftest import expect_error, make_settings, play_until_error
+from tests.server.faults import install
 
 speech_synth = pytest.importorskip("training.data.speech_synth")
 
@@ -248,7 +249,7 @@ def test_failed_batch_is_reported_with_1011_and_server_keeps_serving(client, cli
     with client.websocket_connect("/v1/speech/stream") as ws:
         ws.send_json({**START, "interim_results": True})
         assert ws.receive_json()["type"] == "ready"
-        sched.fail_next_batch = RuntimeError("injected")
+        install(sched).fail_next = RuntimeError("injected")
         ws.send_bytes(s16(clips["go"]))
         expect_error(ws, "internal_error", 1011)
     with client.websocket_connect("/v1/speech/stream") as ws:

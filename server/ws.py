@@ -1,4 +1,8 @@
-"""Shared WebSocket plumbing: JSON/binary receive with idle timeout and size limit, error+close."""
+"""One WebSocket connection: JSON/binary receive with idle timeout and size limit, a send lock,
+error + close with the fitting code, refusal (1013) and going-away (1001).
+
+It knows the settings and metrics only: sessions (server/sessions/) send through it.
+"""
 
 from __future__ import annotations
 
@@ -10,34 +14,22 @@ from typing import Any
 from fastapi import WebSocket
 from starlette.websockets import WebSocketState
 
-from ..errors import WS_CLOSE
-from ..state import ServerState
+from .admission import Refusal
+from .errors import WS_CLOSE, Closed
+from .metrics import Metrics
+from .settings import Settings
 
 # server errors that close a session and count as an eviction (metric reason = the code)
 EVICTIONS = ("idle_timeout", "queue_full", "frame_too_big", "internal_error", "going_away")
 
 
-class Closed(Exception):
-    """The connection is over. `by_client`: the peer left (close code `code`, 1006 when the
-    link just dropped); otherwise the server closed it after an error (str(self) = the code)."""
-
-    def __init__(self, reason: str = "", by_client: bool = False, code: int | None = None):
-        super().__init__(reason)
-        self.by_client, self.code = by_client, code
-
-    @property
-    def resumable(self) -> bool:
-        """A drop that keeps the session for resume (anything but a clean close)."""
-        return self.by_client and self.code != 1000
-
-
 class Conn:
     """One WebSocket connection with a send lock (partials and replies come from two tasks)."""
 
-    def __init__(self, ws: WebSocket, st: ServerState, model: str = "") -> None:
-        self.ws, self.st = ws, st
+    def __init__(self, ws: WebSocket, settings: Settings, metrics: Metrics) -> None:
+        self.ws, self.settings, self.metrics = ws, settings, metrics
         self.lock = asyncio.Lock()
-        self.model = model  # for eviction metrics
+        self.model = ""  # for eviction metrics
         self.last_final: dict | None = None  # a resumed session's replayed final
 
     @property
@@ -67,17 +59,17 @@ class Conn:
             await self.send({"type": "error", "code": code, "message": message, **extra})
         await self.close(WS_CLOSE.get(code, 1011), code)
         if code in EVICTIONS:
-            self.st.metrics.evictions.labels(self.model or "-", code).inc()
+            self.metrics.evictions.labels(self.model or "-", code).inc()
         return Closed(code)
 
     async def receive(self) -> tuple[str | None, bytes | None]:
         """Next message as (text, None) or (None, bytes), enforcing idle timeout and size."""
         try:
-            msg = await asyncio.wait_for(self.ws.receive(), self.st.settings.idle_timeout_s)
+            msg = await asyncio.wait_for(self.ws.receive(), self.settings.idle_timeout_s)
         except TimeoutError:
             raise await self.fail(
                 "idle_timeout",
-                f"no message for {self.st.settings.idle_timeout_s:g} s; the session is closed",
+                f"no message for {self.settings.idle_timeout_s:g} s; the session is closed",
             ) from None
         except RuntimeError as e:  # receive after the server closed the socket
             raise Closed("gone", by_client=True, code=1006) from e
@@ -85,10 +77,10 @@ class Conn:
             raise Closed("client_closed", by_client=True, code=msg.get("code", 1006))
         text, data = msg.get("text"), msg.get("bytes")
         size = len(data) if data is not None else len((text or "").encode())
-        if size > self.st.settings.max_frame_bytes:
+        if size > self.settings.max_frame_bytes:
             raise await self.fail(
                 "frame_too_big",
-                f"message of {size} bytes exceeds max_frame_bytes={self.st.settings.max_frame_bytes}",
+                f"message of {size} bytes exceeds max_frame_bytes={self.settings.max_frame_bytes}",
             )
         return text, data
 
@@ -101,34 +93,13 @@ class Conn:
             raise await self.fail("invalid_message", "message must be a JSON object")
         return obj
 
-    async def admit(self) -> None:
-        """Accept the handshake (echoing the auth subprotocol, if one was offered); refuse with
-        1013 when the server is draining or at its session limit."""
+    async def accept(self) -> None:
+        """Accept the handshake, echoing the auth subprotocol if one was offered."""
         await self.ws.accept(subprotocol=self.ws.scope.get("dlr.subprotocol"))
-        await self.check_admission()
 
-    async def check_admission(self) -> None:
-        st = self.st
-        if st.draining:
-            st.metrics.rejections.labels("draining").inc()
-            raise await self.fail(
-                "overloaded",
-                "the server is shutting down; connect again (another replica) shortly",
-                retry_after_s=st.settings.retry_after_s,
-            )
-        if st.full():
-            st.metrics.rejections.labels("sessions_full").inc()
-            raise await self.fail(
-                "overloaded",
-                "the server is at its session limit; retry later",
-                retry_after_s=st.settings.retry_after_s,
-            )
-        why = st.overloaded()
-        if why:
-            st.metrics.rejections.labels("queue_full").inc()
-            raise await self.fail(
-                "overloaded", f"{why}; retry later", retry_after_s=st.settings.retry_after_s
-            )
+    async def refuse(self, r: Refusal) -> Closed:
+        """Refuse new work (error `overloaded` + 1013); returns Closed to raise."""
+        return await self.fail("overloaded", r.message, retry_after_s=r.retry_after_s)
 
     async def going_away(self, sid: str, resumable: bool) -> None:
         """Tell the client the server is stopping, then close 1001."""
@@ -141,8 +112,8 @@ class Conn:
                     + ("; resume this session with its id and token" if resumable else ""),
                     "session_id": sid,
                     "resume": resumable,
-                    "retry_after_s": self.st.settings.retry_after_s,
+                    "retry_after_s": self.settings.retry_after_s,
                 }
             )
         await self.close(1001, "going_away: resume" if resumable else "going_away")
-        self.st.metrics.evictions.labels(self.model or "-", "going_away").inc()
+        self.metrics.evictions.labels(self.model or "-", "going_away").inc()

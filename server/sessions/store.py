@@ -13,6 +13,11 @@ A client resumes with `{"type":"resume","session_id","resume_token","last_seq"?}
 message of a new connection; the server answers `ready` with `"resumed": true` and the
 session's position (speech: `bytes_received`, text: `messages_received`), then re-sends every
 kept message with `seq > last_seq` (default: the messages whose send failed), then continues.
+
+Ownership: a state slot is taken inside `owned_slot(m)`, whose failure path always gives it back;
+once a session is registered (`SessionStore.register`) the session owns the slot and
+`SessionStore.finish` frees it. The store is built by `create_app` and reached by routes through
+`StoreDep`.
 """
 
 from __future__ import annotations
@@ -26,16 +31,19 @@ import secrets
 import time
 import uuid
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from fastapi import Depends
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import HTTPConnection
 
-from .errors import validation_message
-
-if TYPE_CHECKING:
-    from .registry import ModelEntry
-    from .routes.wsutil import Conn
-    from .state import ServerState
+from ..context import AppContext
+from ..errors import Closed
+from ..registry import ModelEntry
+from ..settings import Settings
+from ..ws import Conn
 
 log = logging.getLogger("dlr.server")
 
@@ -82,21 +90,22 @@ class LiveSession:
 
     def __init__(
         self,
-        st: ServerState,
+        store: SessionStore,
         m: ModelEntry,
         sid: str | None = None,
         token_hash: bytes | None = None,
         outbox: Outbox | None = None,
         sent_seq: int = 0,
     ) -> None:
-        self.st, self.m = st, m
+        self.store, self.m = store, m
+        settings = store.ctx.settings
         self.sid = sid or uuid.uuid4().hex
         self.token: str | None = None  # given to the client once, never stored in clear
         if token_hash is None:
             self.token = secrets.token_urlsafe(32)
             token_hash = hash_token(self.token)
         self.token_hash = token_hash
-        self.outbox = outbox or Outbox(st.settings.resume_buffer_messages)
+        self.outbox = outbox or Outbox(settings.resume_buffer_messages)
         self.sent_seq = sent_seq  # highest seq whose send succeeded
         self.conn: Conn | None = None
         self.closed = False
@@ -111,8 +120,6 @@ class LiveSession:
         conn = self.conn
         if conn is None:
             return False
-        from .routes.wsutil import Closed
-
         try:
             await conn.send(msg)
         except Closed:
@@ -142,9 +149,51 @@ class LiveSession:
 
         return await self.m.scheduler.snapshot(slot, extra)
 
+    @property
+    def settings(self) -> Settings:
+        return self.store.ctx.settings
+
+    async def fail(self, conn: Conn | None, code: str, message: str) -> Closed:
+        """Error to the client (if connected), then close the session for good; returns the
+        Closed to raise."""
+        err = Closed(code)
+        if conn is not None:
+            err = await conn.fail(code, message)
+        else:
+            self.store.ctx.metrics.evictions.labels(self.m.name, code).inc()
+        await self.store.finish(self, code)
+        return err
+
     # ---- implemented by the kinds
+    def ready(self) -> dict[str, Any]:
+        """The `ready` message of a new session (kinds add their fields)."""
+        return {
+            "type": "ready",
+            "session_id": self.sid,
+            "resume_token": self.token,
+            "model": self.m.name,
+        }
+
     def resume_info(self) -> dict[str, Any]:
         raise NotImplementedError
+
+    async def binary(self, conn: Conn, data: bytes) -> None:
+        """A binary message on the session's connection."""
+        raise await self.fail(conn, "invalid_message", "this endpoint takes JSON text messages")
+
+    async def handle(self, conn: Conn, msg: Any) -> bool:
+        """A parsed message other than start/resume; False when the session is over."""
+        raise NotImplementedError
+
+    async def wait_turn(self) -> None:
+        """Wait for running work that must finish before the next message (text turns)."""
+
+    def busy(self) -> bool:
+        """Accepted work is still producing messages (the drain waits for it)."""
+        return False
+
+    def cancel(self) -> None:
+        """Stop running work at the next batch boundary (drain, client gone)."""
 
     async def export(self, persist: bool = False) -> bytes:
         raise NotImplementedError
@@ -160,13 +209,16 @@ class LiveSession:
 class SessionStore:
     """Every live WebSocket session of the server, by id."""
 
-    def __init__(self, st: ServerState) -> None:
-        self.st = st
+    def __init__(self, ctx: AppContext) -> None:
+        self.ctx = ctx
         self.live: dict[str, LiveSession] = {}
         self._bg: set[asyncio.Task] = set()
 
-    def add(self, sess: LiveSession) -> None:
+    def register(self, sess: LiveSession) -> LiveSession:
+        """Count and keep a new session: from here on it owns its slot (`finish` frees it)."""
+        self.ctx.session_started(sess.m, sess.kind, sess.sid)
         self.live[sess.sid] = sess
+        return sess
 
     def verify(self, sid: Any, token: Any) -> LiveSession | None:
         """The session with this id if `token` is its resume token (constant-time check)."""
@@ -185,19 +237,19 @@ class SessionStore:
         if sess.closed or sess.detached_since is not None:
             return
         sess.conn = None
-        if self.st.draining:  # the drain persists it
+        if self.ctx.draining:  # the drain persists it
             return
-        grace = self.st.settings.resume_grace_s
+        grace = self.ctx.settings.resume_grace_s
         if grace <= 0:
             self.spawn(self.finish(sess, "client_gone"))
             return
         sess.detached_since = time.perf_counter()
-        self.st.metrics.detached.inc()
+        self.ctx.metrics.detached.inc()
         sess._expiry = asyncio.get_running_loop().create_task(self._expire(sess, grace))
 
     async def _expire(self, sess: LiveSession, grace: float) -> None:
         await asyncio.sleep(grace)
-        self.st.metrics.evictions.labels(sess.m.name, "resume_expired").inc()
+        self.ctx.metrics.evictions.labels(sess.m.name, "resume_expired").inc()
         await self.finish(sess, "resume_expired")
 
     def _undetach(self, sess: LiveSession) -> None:
@@ -206,7 +258,7 @@ class SessionStore:
         sess._expiry = None
         if sess.detached_since is not None:
             sess.detached_since = None
-            self.st.metrics.detached.dec()
+            self.ctx.metrics.detached.dec()
 
     async def attach(self, sess: LiveSession, conn: Conn, last_seq: int) -> None:
         """Give the session a new connection; re-send the kept messages after `last_seq`."""
@@ -235,82 +287,28 @@ class SessionStore:
         sess.conn = None
         with contextlib.suppress(Exception):
             await sess.release()
-        self.st.session_ended(sess.sid, sess.m, sess.kind, sess.t0, reason, **sess.log_extra())
+        self.ctx.session_ended(sess.sid, sess.m, sess.kind, sess.t0, reason, **sess.log_extra())
 
 
-async def resume(conn: Conn, obj: dict[str, Any], kind: str) -> LiveSession | None:
-    """Handle a `resume` message: attach the session to `conn` and replay; returns the
-    session, or None when it had already completed (its final was replayed)."""
-    st = conn.st
+@asynccontextmanager
+async def owned_slot(m: ModelEntry) -> AsyncIterator[int]:
+    """Take a state slot of `m` (PoolFullError when none is free). Any exception inside the
+    block gives the slot back; leaving it normally hands the slot to what was registered in it
+    (a session, whose `finish` frees it). Example:
+
+        async with owned_slot(m) as slot:
+            store.register(SpeechSession(store, m, ..., slot))
+    """
+    slot = await m.scheduler.open_slot()
     try:
-        msg = ResumeMessage.model_validate(obj)
-    except ValidationError as e:
-        raise await conn.fail("invalid_message", validation_message(e)[1]) from None
-    sess = st.store.verify(msg.session_id, msg.resume_token)
-    if sess is None or sess.kind != kind:
-        st.metrics.rejections.labels("resume_refused").inc()
-        raise await conn.fail(
-            "invalid_resume",
-            "unknown session id or wrong resume token (the session may have expired)",
-        )
-    conn.model = sess.m.name
-    last = sess.sent_seq if msg.last_seq is None else min(msg.last_seq, sess.outbox.seq)
-    await conn.send(
-        {
-            "type": "ready",
-            "resumed": True,
-            "session_id": sess.sid,
-            "model": sess.m.name,
-            "last_seq": sess.outbox.seq,
-            "replay_from": last + 1,
-            "replay_truncated": sess.outbox.truncated(last),
-            **sess.resume_info(),
-        }
-    )
-    await st.store.attach(sess, conn, last)
-    st.metrics.resumes.labels(kind, "reconnect").inc()
-    if sess.completed:
-        conn.last_final = next((m for m in reversed(sess.outbox.buf) if m["type"] == "final"), None)
-        await st.store.finish(sess, "completed")
-        return None
-    return sess
+        yield slot
+    except BaseException:
+        m.scheduler.release(slot)  # does not await: safe while being cancelled
+        raise
 
 
-async def open_slot(conn: Conn, model: str | None, kind: str) -> tuple[ModelEntry, int]:
-    """Pick the model for a new session, check admission, take a slot (errors close `conn`)."""
-    from dlr_runtime.engine import PoolFullError
-
-    from .state import NoModelError
-
-    st = conn.st
-    try:
-        m = st.pick_model(model, kind)
-    except NoModelError as e:
-        raise await conn.fail("unknown_model", str(e)) from None
-    conn.model = m.name
-    await conn.check_admission()
-    try:
-        return m, await m.scheduler.open_slot()
-    except PoolFullError:
-        st.metrics.rejections.labels("pool_full").inc()
-        raise await conn.fail("overloaded", f"model {m.name!r} has no free session slot") from None
+def get_store(conn: HTTPConnection) -> SessionStore:
+    return conn.app.state.sessions
 
 
-def register(conn: Conn, sess: LiveSession) -> LiveSession:
-    conn.st.session_started(sess.m, sess.kind, sess.sid)
-    conn.st.store.add(sess)
-    return sess
-
-
-async def connection_over(conn: Conn, sess: LiveSession | None, err: Exception | None) -> None:
-    """A handler's connection ended (`err`: its Closed, None when cancelled): a dropped link
-    (or a stopping server) detaches the session for resume, anything else ends it."""
-    if sess is None or sess.closed or sess.conn is not conn:
-        return
-    if err is None or getattr(err, "resumable", False):
-        conn.st.store.detach(sess)
-        return
-    cancel = getattr(sess, "cancel_generation", None)
-    if cancel is not None:
-        cancel()
-    await conn.st.store.finish(sess, str(err) or "client_closed")
+StoreDep = Annotated[SessionStore, Depends(get_store)]

@@ -1,4 +1,9 @@
-"""The server's shared state (settings, models, metrics, session bookkeeping) and dependencies."""
+"""The application context: settings, metrics, models and session counts of one app.
+
+Built once by `create_app` and reached by routes through `CtxDep`. It holds no session objects
+(those live in the `SessionStore`, see server/sessions/store.py), so every layer below the
+routes can import it without a circle.
+"""
 
 from __future__ import annotations
 
@@ -9,33 +14,25 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends
 from starlette.requests import HTTPConnection
 
+from .errors import NoModelError
 from .metrics import Metrics
 from .registry import ModelEntry
-from .sessions import SessionStore
 from .settings import Settings
 
 session_log = logging.getLogger("dlr.session")
 
 
-class NoModelError(LookupError):
-    """The requested model does not exist (or no model of the needed kind is loaded)."""
-
-
 @dataclass
-class ServerState:
+class AppContext:
     settings: Settings
     metrics: Metrics
     models: dict[str, ModelEntry] = field(default_factory=dict)
-    sessions: int = 0  # open sessions of every kind
+    sessions: int = 0  # open sessions of every kind and model (each model counts its own)
     ready: bool = False
     draining: bool = False  # SIGTERM received: no new sessions, live ones are persisted
-    store: SessionStore = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.store = SessionStore(self)
 
     def pick_model(self, name: str | None, kind: str) -> ModelEntry:
         """The named model (checked to be of `kind`), or the first model of that kind."""
@@ -51,10 +48,7 @@ class ServerState:
             raise NoModelError(f"model {name!r} is a {m.kind} model, not a {kind} model")
         return m
 
-    def full(self) -> bool:
-        return self.sessions >= self.settings.max_sessions
-
-    def overloaded(self) -> str:
+    def queue_overload(self) -> str:
         """Why new work is refused now ('' when it is not): too much queued work."""
         s = self.settings
         audio = sum(m.scheduler.queued_audio_s() for m in self.models.values())
@@ -74,6 +68,7 @@ class ServerState:
     ) -> tuple[str, float]:
         sid = sid or uuid.uuid4().hex
         self.sessions += 1
+        model.sessions += 1
         self.metrics.active_sessions.labels(model.name, kind).inc()
         session_log.info(
             json.dumps(
@@ -86,6 +81,7 @@ class ServerState:
         self, sid: str, model: ModelEntry, kind: str, started: float, reason: str, **extra
     ) -> None:
         self.sessions -= 1
+        model.sessions -= 1
         self.metrics.active_sessions.labels(model.name, kind).dec()
         session_log.info(
             json.dumps(
@@ -102,9 +98,8 @@ class ServerState:
         )
 
 
-def get_state(conn: HTTPConnection) -> ServerState:
+def get_ctx(conn: HTTPConnection) -> AppContext:
     return conn.app.state.dlr
 
 
-StateDep = Annotated[ServerState, Depends(get_state)]
-__all__ = ["NoModelError", "Request", "ServerState", "StateDep", "get_state"]
+CtxDep = Annotated[AppContext, Depends(get_ctx)]

@@ -1,0 +1,88 @@
+"""A session rebuilt from a state blob: `POST /v1/sessions` imports and the drain's files.
+
+`restore_blob(store, blob, persisted)` checks the blob (sha256, model, config hash, session
+kind), admission and capacity, takes a slot through `owned_slot` (any failure after that gives
+the slot back) and returns a *detached* session waiting for a `resume`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dlr_runtime.engine import PoolFullError, SnapshotError
+from dlr_runtime.engine.snapshot import read_header
+
+from ..admission import Refusal, pool_full, refusal
+from .kinds import CLASSES
+from .store import LiveSession, Outbox, SessionStore, owned_slot
+
+# what a malformed session field raises while it is read
+MALFORMED = (KeyError, TypeError, ValueError, OverflowError, AttributeError, IndexError)
+
+
+class StateMismatch(Exception):
+    """The blob is valid but belongs to a model (or config) this server does not serve."""
+
+
+class NoCapacity(Exception):
+    """No free slot or session for the restored session."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
+async def restore_blob(store: SessionStore, blob: bytes, persisted: bool = False) -> LiveSession:
+    """Create a detached session from a state blob. With `persisted`, the session keeps its
+    id, token hash and replay buffer (a drain file); otherwise it gets new ones.
+
+    Raises SnapshotError (malformed/tampered), StateMismatch, NoCapacity.
+    """
+    ctx = store.ctx
+    header = read_header(blob)
+    extra = header.get("extra")
+    if not isinstance(extra, dict) or extra.get("kind") not in CLASSES:
+        raise SnapshotError("state snapshot carries no session (extra.kind is missing)")
+    m = ctx.models.get(header["model"]) if isinstance(header["model"], str) else None
+    if m is None:
+        raise StateMismatch(
+            f"state is for model {header['model']!r}; this server serves {sorted(ctx.models)}"
+        )
+    if header["config_hash"] != m.engine.config_hash:
+        raise StateMismatch(
+            f"state is for another configuration of model {m.name!r} (config hash differs)"
+        )
+    cls = CLASSES[extra["kind"]]
+    if (cls.kind == "speech") != (m.kind == "speech"):
+        raise SnapshotError("state session kind does not match the model")
+    kw: dict[str, Any] = {}
+    if persisted:
+        try:
+            kw = {
+                "sid": str(extra["session_id"]),
+                "token_hash": bytes.fromhex(extra["token_sha256"]),
+                "outbox": Outbox(
+                    ctx.settings.resume_buffer_messages, int(extra["seq"]), list(extra["outbox"])
+                ),
+                "sent_seq": int(extra["sent_seq"]),
+            }
+        except MALFORMED as e:
+            raise SnapshotError(f"persisted session fields are malformed: {e}") from e
+        if kw["sid"] in store.live:
+            raise SnapshotError(f"session {kw['sid']} is already live")
+    r = refusal(ctx, model=m)
+    if r is not None:
+        raise NoCapacity(r)
+    try:
+        async with owned_slot(m) as slot:
+            await m.scheduler.run_sync(m.engine.restore, slot, blob)
+            sess = await cls.from_extra(store, m, slot, extra, **kw)
+            if persisted and extra.get("completed"):
+                sess.completed = True
+            store.register(sess)
+    except PoolFullError:
+        raise NoCapacity(pool_full(ctx, m)) from None
+    except MALFORMED as e:
+        raise SnapshotError(f"state snapshot session fields are malformed: {e}") from e
+    store.detach(sess)
+    return sess

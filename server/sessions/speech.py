@@ -1,0 +1,300 @@
+"""A speech session: PCM in, throttled partials and a final out (`WS /v1/speech/stream`).
+
+The connection handler decodes PCM and hands it to the scheduler (resampling to the model's
+rate runs on the engine thread); results come back on the stream's one event queue
+(`Progress`* then `Final` | `Failed`), read by one task per session (`_pump`) that sends a
+partial at most every `partial_interval_ms`, then the final.
+
+Backpressure: when more than `backpressure_audio_s` of audio waits, the handler stops reading
+the socket until it falls below (TCP slows the client); after `backpressure_timeout_s`, or
+beyond `max_queued_audio_s`, the session is closed with `queue_full` (1013).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from dlr_runtime.engine import SnapshotError, StreamResampler
+
+from ..errors import Closed
+from ..events import Failed, Final, Progress, Scores
+from ..protocol import SpeechEnd, SpeechStart
+from ..registry import ModelEntry
+from ..work import SpeechStream
+from ..ws import Conn
+from .store import LiveSession, SessionStore
+
+
+def result(kind: str, labels: list[str], scores: Scores | None, audio_ms: float) -> dict:
+    """A partial/final message from the top classes (probabilities, engine-side softmax)."""
+    msg: dict = {"type": kind, "audio_ms": round(audio_ms, 1)}
+    if scores is None:
+        return {**msg, "label": None, "score": None, "top": []}
+    top = [{"label": labels[i], "score": p} for i, p in scores.top]
+    return {**msg, "label": top[0]["label"], "score": top[0]["score"], "top": top}
+
+
+def decode_pcm(data: bytes, encoding: str) -> np.ndarray:
+    """PCM bytes -> float32 samples in [-1, 1]; ValueError for bad length or values."""
+    width = 2 if encoding == "pcm_s16le" else 4
+    if len(data) % width:
+        raise ValueError(f"{encoding} frames must be a multiple of {width} bytes, got {len(data)}")
+    if encoding == "pcm_s16le":
+        return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+    x = np.frombuffer(data, dtype="<f4").astype(np.float32)
+    if not np.isfinite(x).all():
+        raise ValueError("pcm_f32le samples must be finite")
+    return x
+
+
+def _b64(x: torch.Tensor) -> str:
+    return base64.b64encode(x.to(torch.float32).contiguous().numpy().tobytes()).decode()
+
+
+def _unb64(s: str, limit: int) -> torch.Tensor:
+    raw = base64.b64decode(s, validate=True)
+    if len(raw) % 4 or len(raw) // 4 > limit:
+        raise ValueError("bad sample buffer")
+    if not raw:
+        return torch.zeros(0)
+    x = torch.frombuffer(bytearray(raw), dtype=torch.float32).clone()
+    if not torch.isfinite(x).all():
+        raise ValueError("buffered samples must be finite")
+    return x
+
+
+class SpeechSession(LiveSession):
+    kind = "speech"
+
+    def __init__(
+        self,
+        store: SessionStore,
+        m: ModelEntry,
+        start: SpeechStart,
+        stream: SpeechStream,
+        bytes_received: int = 0,
+        **kw: Any,
+    ) -> None:
+        super().__init__(store, m, **kw)
+        self.start, self.stream = start, stream
+        cfg = m.engine.config
+        self.rate = cfg.sample_rate
+        self.labels = list(cfg.labels)
+        self.bytes_received = bytes_received
+        self.consumed = stream.consumed  # samples fed (from the stream's events)
+        self.latest: Scores | None = None  # after the last completed frame
+        self.ended = False  # the client's end arrived
+        self.drained = asyncio.Event()  # a batch of this stream was processed (backpressure)
+        self.final_sent: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.audio_lock = asyncio.Lock()  # one chunk at a time into the resampler; export waits
+        self.pump: asyncio.Task | None = asyncio.get_running_loop().create_task(self._pump())
+
+    @classmethod
+    async def create(
+        cls, store: SessionStore, m: ModelEntry, slot: int, start: SpeechStart
+    ) -> SpeechSession:
+        """A new session around `slot` (the resampler is built on the engine thread)."""
+        resampler = await m.scheduler.run_sync(
+            StreamResampler, start.sample_rate, m.engine.config.sample_rate
+        )
+        return cls(store, m, start, m.scheduler.open_stream(slot, resampler))
+
+    def audio_ms(self) -> float:
+        return self.consumed / self.rate * 1000
+
+    def lag_ms(self) -> float:
+        return (self.stream.received - self.consumed) / self.rate * 1000
+
+    def message(self, kind: str, scores: Scores | None) -> dict:
+        msg = result(kind, self.labels, scores, self.audio_ms())
+        msg["lag_ms"] = round(self.lag_ms(), 1)
+        return msg
+
+    def ready(self) -> dict:
+        return {**super().ready(), "labels": self.labels, "sample_rate": self.rate}
+
+    def resume_info(self) -> dict:
+        return {
+            "labels": self.labels,
+            "sample_rate": self.rate,
+            "bytes_received": self.bytes_received,
+            "audio_ms": round(self.audio_ms(), 1),
+            "ended": self.ended,
+        }
+
+    def log_extra(self) -> dict:
+        return {"audio_ms": round(self.audio_ms(), 1)}
+
+    def busy(self) -> bool:
+        return self.ended and not self.final_sent.done()
+
+    # ------------------------------------------------------------------ results
+    async def _pump(self) -> None:
+        """Read the stream's events: partials (throttled), then the final or the failure."""
+        interval = self.settings.partial_interval_ms / 1000
+        interim = self.start.interim_results
+        events = self.stream.events
+        last, due = 0.0, False  # time of the last partial; a newer one waits to be sent
+        while True:
+            if due:
+                wait = max(0.0, last + interval - time.perf_counter())
+                try:
+                    ev = await asyncio.wait_for(events.get(), wait)
+                except TimeoutError:
+                    await self._partial()
+                    last, due = time.perf_counter(), False
+                    continue
+            else:
+                ev = await events.get()
+            match ev:
+                case Progress(consumed=consumed, scores=scores):
+                    self.consumed = consumed
+                    self.latest = scores or self.latest
+                    self.drained.set()
+                    if interim and self.latest is not None:
+                        due = True
+                        if time.perf_counter() >= last + interval:
+                            await self._partial()
+                            last, due = time.perf_counter(), False
+                case Final(consumed=consumed, scores=scores):
+                    self.consumed = consumed
+                    self.latest = scores or self.latest
+                    self.completed = True
+                    ok = await asyncio.shield(self.emit(self.message("final", self.latest)))
+                    self.final_sent.set_result(ok)
+                    self.pump = None
+                    return
+                case Failed(message=message):  # its row or batch failed: tell the client now
+                    self.pump = None  # (finish must not cancel this task)
+                    self.drained.set()
+                    await self.fail(self.conn, "internal_error", message)
+                    return
+
+    async def _partial(self) -> None:  # (shielded: a numbered message is never half-sent)
+        await asyncio.shield(self.emit(self.message("partial", self.latest)))
+
+    async def stop_pump(self) -> None:
+        task, self.pump = self.pump, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Closed):
+                await task
+        if not self.final_sent.done():
+            self.final_sent.set_exception(Closed("closed"))
+            self.final_sent.exception()  # (retrieved: no "never retrieved" warning)
+
+    # ------------------------------------------------------------------ client messages
+    async def binary(self, conn: Conn, data: bytes) -> None:
+        if self.conn is not conn or self.closed:  # resumed on another connection meanwhile
+            raise Closed("taken_over")
+        if self.ended:
+            raise await self.fail(conn, "invalid_message", "audio after end")
+        try:
+            x = decode_pcm(data, self.start.encoding)
+        except ValueError as e:
+            raise await self.fail(conn, "invalid_audio", str(e)) from None
+        try:
+            async with self.audio_lock:
+                await self.m.scheduler.push_audio(self.stream, torch.from_numpy(x))
+                self.bytes_received += len(data)
+        except Exception as e:  # noqa: BLE001  (its resampling failed)
+            raise await self.fail(conn, "internal_error", str(e)) from None
+        settings = self.settings
+        s = self.stream
+        if s.buffered / self.rate > settings.max_queued_audio_s:
+            raise await self.fail(
+                conn,
+                "queue_full",
+                f"{s.buffered / self.rate:.1f} s of audio waiting exceeds "
+                f"max_queued_audio_s={settings.max_queued_audio_s:g}",
+            )
+        if s.buffered / self.rate > settings.backpressure_audio_s:
+            await self._hold_back(conn)
+        if self.closed:
+            raise Closed("internal_error")
+
+    async def _hold_back(self, conn: Conn) -> None:
+        """Stop reading this socket until the queue is below the backpressure level."""
+        settings, s = self.settings, self.stream
+        deadline = time.perf_counter() + settings.backpressure_timeout_s
+        while s.buffered / self.rate > settings.backpressure_audio_s and not self.closed:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                raise await self.fail(
+                    conn,
+                    "queue_full",
+                    f"audio arrives faster than it is processed: {s.buffered / self.rate:.1f} s "
+                    f"queued for {settings.backpressure_timeout_s:g} s; send at real-time pace",
+                )
+            self.drained.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.drained.wait(), min(left, 0.5))
+
+    async def handle(self, conn: Conn, msg: SpeechEnd) -> bool:
+        """The client's end: emit the final once all audio is processed; False (the session
+        is over) once it is delivered."""
+        if self.ended:
+            raise await self.fail(conn, "invalid_message", "end was already received")
+        self.ended = True
+        try:
+            async with self.audio_lock:
+                await self.m.scheduler.end_audio(self.stream)
+        except Exception as e:  # noqa: BLE001  (its resampling failed)
+            raise await self.fail(conn, "internal_error", str(e)) from None
+        delivered = await self.final_sent
+        if not delivered:  # the final waits in the outbox for a resume
+            raise Closed("final_undelivered", by_client=True, code=1006)
+        await self.store.finish(self, "completed")
+        return False
+
+    # ------------------------------------------------------------------ state
+    async def export(self, persist: bool = False) -> bytes:
+        if self.ended and not self.completed:
+            raise SnapshotError("the stream is ending; export it before end or after final")
+        s = self.stream
+
+        def fields() -> dict:
+            buffered = torch.cat(s.chunks) if s.chunks else torch.zeros(0)  # (buffered,)
+            return {
+                "kind": "speech",
+                "start": self.start.model_dump(),
+                "bytes_received": self.bytes_received,
+                "consumed": s.received - s.buffered,
+                "buffered": _b64(buffered),
+                "resampler": s.resampler.state_dict(),
+            }
+
+        async with self.audio_lock:  # no chunk half-way through the resampler
+            return await self.snapshot(s.slot, fields, persist)
+
+    @classmethod
+    async def from_extra(
+        cls, store: SessionStore, m: ModelEntry, slot: int, extra: dict, **kw: Any
+    ) -> SpeechSession:
+        """Rebuild a session around a restored slot (ValueError when `extra` is malformed)."""
+        start = SpeechStart.model_validate(extra["start"])
+        resampler = await m.scheduler.run_sync(StreamResampler.from_state, extra["resampler"])
+        if resampler.orig != start.sample_rate or resampler.new != m.engine.config.sample_rate:
+            raise ValueError("resampler rates do not match the session")
+        limit = int(store.ctx.settings.max_queued_audio_s * m.engine.config.sample_rate) + 1
+        buffered = _unb64(extra["buffered"], limit)
+        consumed, nbytes = int(extra["consumed"]), int(extra["bytes_received"])
+        if consumed < 0 or nbytes < 0:
+            raise ValueError("negative stream position")
+        stream = m.scheduler.open_stream(slot, resampler)
+        stream.consumed = stream.received = consumed
+        sess = cls(store, m, start, stream, nbytes, **kw)
+        m.scheduler.queue_audio(stream, buffered)
+        return sess
+
+    async def release(self) -> None:
+        await self.stop_pump()
+        self.m.scheduler.drop_stream(self.stream)
+        self.m.scheduler.release(self.stream.slot)

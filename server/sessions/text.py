@@ -1,0 +1,238 @@
+"""Text sessions: the persistent WebSocket session (`TextLive`, `WS /v1/generate/stream`) and the
+short-lived HTTP generation (`generation()`, `POST /v1/generate` and `/v1/completions`).
+
+Both feed text into a slot's state and read one generation's typed events (`Token`* then
+`Done` | `Failed`) from the scheduler. Generated tokens stay in the state, so a WebSocket
+turn costs only its own new tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import AsyncIterator
+from typing import Any
+
+import torch
+
+from dlr_runtime.engine import SamplingParams, SnapshotError
+
+from ..context import AppContext
+from ..events import Done, Failed, GenEvent, Token
+from ..protocol import SamplingFields, TextAppend, TextGenerate, TextStart
+from ..registry import ModelEntry
+from ..work import Generation, TextSession
+from ..ws import Conn
+from .store import LiveSession, SessionStore, owned_slot
+
+
+class TextLive(LiveSession):
+    kind = "text"
+
+    def __init__(
+        self,
+        store: SessionStore,
+        m: ModelEntry,
+        text: TextSession,
+        appended: int = 0,
+        messages_received: int = 0,
+        **kw: Any,
+    ) -> None:
+        super().__init__(store, m, **kw)
+        self.text = text
+        self.appended = appended  # tokens appended since the last generate (prompt_tokens)
+        self.messages_received = messages_received
+        self.g: Generation | None = None
+        self.pump: asyncio.Task | None = None
+
+    @classmethod
+    async def create(
+        cls, store: SessionStore, m: ModelEntry, slot: int, msg: TextStart
+    ) -> TextLive:
+        return cls(store, m, TextSession(slot=slot, pending=[m.engine.tokenizer.bos]))
+
+    def resume_info(self) -> dict:
+        return {"messages_received": self.messages_received, "generating": self.g is not None}
+
+    def busy(self) -> bool:
+        return self.pump is not None
+
+    async def wait_turn(self) -> None:
+        """Wait for the running generation (started on this or an earlier connection)."""
+        if self.pump is not None:
+            await asyncio.shield(self.pump)
+
+    async def handle(self, conn: Conn, msg: TextAppend | TextGenerate) -> bool:
+        if isinstance(msg, TextAppend):
+            await self.append(conn, msg)
+        else:
+            await self.generate(conn, msg)
+        return True
+
+    async def append(self, conn: Conn, msg: TextAppend) -> None:
+        limit = self.settings.max_prompt_chars
+        if len(msg.text) > limit:
+            raise await self.fail(
+                conn, "invalid_message", f"text: longer than max_prompt_chars={limit}"
+            )
+        self.messages_received += 1
+        toks = self.m.engine.tokenizer.encode(msg.text)
+        if not toks:
+            return
+        feed = self.text.pending + toks
+        self.text.pending = []
+        self.appended += len(feed)
+        try:
+            await self.m.scheduler.prefill(self.text, feed)
+        except Exception as e:  # noqa: BLE001  (its row or batch failed)
+            raise await self.fail(conn, "internal_error", str(e)) from None
+
+    async def generate(self, conn: Conn, msg: TextGenerate) -> None:
+        if msg.max_new_tokens > self.settings.max_new_tokens:
+            raise await self.fail(
+                conn, "invalid_message", f"max_new_tokens: at most {self.settings.max_new_tokens}"
+            )
+        self.messages_received += 1
+        params = msg.to_sampling(msg.max_new_tokens)
+        prompt_tokens = self.appended + len(self.text.pending)
+        self.appended = 0
+        if params.max_tokens == 0:
+            await self.emit(_done_msg("length", params, prompt_tokens, 0))
+            return
+        self.g = self.m.scheduler.generate(self.text, params)
+        self.pump = asyncio.get_running_loop().create_task(self._pump(params, prompt_tokens))
+        await self.wait_turn()
+
+    async def _pump(self, params: SamplingParams, prompt_tokens: int) -> None:
+        """Forward one generation's events to the outbox (and the connection, if any)."""
+        g = self.g
+        assert g is not None
+        try:
+            while True:
+                match await g.events.get():
+                    case Token(id=tid, text=text):
+                        await self.emit({"type": "token", "text": text, "id": tid})
+                    case Done(reason=reason, tail=tail, completion_tokens=n):
+                        if tail:
+                            await self.emit({"type": "token", "text": tail, "id": None})
+                        await self.emit(_done_msg(reason, params, prompt_tokens, n))
+                        return
+                    case Failed(message=message):
+                        self.g = self.pump = None  # (finish must not wait for this task)
+                        await self.fail(self.conn, "internal_error", message)
+                        return
+        finally:
+            self.g = None
+            self.pump = None
+
+    def cancel(self) -> None:
+        if self.g is not None:
+            self.m.scheduler.cancel(self.g)
+
+    async def export(self, persist: bool = False) -> bytes:
+        if self.g is not None or self.text.inflight is not None:
+            raise SnapshotError("a generation or prefill is running; export between turns")
+        t = self.text
+
+        def fields() -> dict:
+            logits = None
+            if t.last_logits is not None:
+                raw = t.last_logits.to(torch.float32).contiguous().numpy().tobytes()
+                logits = base64.b64encode(raw).decode()
+            return {
+                "kind": "text",
+                "pending": list(t.pending),
+                "last_logits": logits,
+                "appended": self.appended,
+                "messages_received": self.messages_received,
+            }
+
+        return await self.snapshot(t.slot, fields, persist)
+
+    @classmethod
+    async def from_extra(
+        cls, store: SessionStore, m: ModelEntry, slot: int, extra: dict, **kw: Any
+    ) -> TextLive:
+        vocab = m.engine.config.vocab_size
+        pending = [int(x) for x in extra["pending"]]
+        if len(pending) > 4096 or any(not 0 <= x < vocab for x in pending):
+            raise ValueError("pending tokens out of range")
+        logits = None
+        if extra.get("last_logits") is not None:
+            raw = base64.b64decode(extra["last_logits"], validate=True)
+            if len(raw) != 4 * m.engine.config.out_dim:
+                raise ValueError("last_logits has the wrong size")
+            logits = torch.frombuffer(bytearray(raw), dtype=torch.float32).clone()  # (V,)
+            if not torch.isfinite(logits).all():
+                raise ValueError("last_logits must be finite")
+        if not pending and logits is None:
+            pending = [m.engine.tokenizer.bos]
+        text = TextSession(slot=slot, pending=pending, last_logits=logits)
+        return cls(
+            store,
+            m,
+            text,
+            appended=max(0, int(extra.get("appended", 0))),
+            messages_received=max(0, int(extra.get("messages_received", 0))),
+            **kw,
+        )
+
+    async def release(self) -> None:
+        self.m.scheduler.release(self.text.slot, self.text, self.g)
+
+
+def _done_msg(reason: str, params: SamplingParams, prompt_tokens: int, n: int) -> dict:
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n}
+    return {"type": "done", "finish_reason": reason, "seed": params.seed, "usage": usage}
+
+
+# ---------------------------------------------------------------------- HTTP generation
+class Run:
+    """One HTTP generation; owns its slot from `open_generation` until `close()` (idempotent,
+    called when its events end, however they end, and again by the response's background)."""
+
+    def __init__(
+        self, ctx: AppContext, m: ModelEntry, slot: int, feed: list[int], params: SamplingParams
+    ) -> None:
+        self.ctx, self.m, self.params = ctx, m, params
+        self.seed, self.prompt_tokens = params.seed, len(feed)
+        self.session = TextSession(slot=slot, pending=feed)
+        self.g: Generation | None = None
+        self.reason = "error"
+        self.closed = False
+        self.sid, self.t0 = ctx.session_started(m, "generate")
+
+    async def events(self) -> AsyncIterator[GenEvent]:
+        """`Token`*, then `Done` or `Failed`."""
+        try:
+            if self.params.max_tokens == 0:
+                self.reason = "length"
+                yield Done("length", "", 0)
+                return
+            self.g = g = self.m.scheduler.generate(self.session, self.params)
+            while True:
+                ev = await g.events.get()
+                if isinstance(ev, Done):
+                    self.reason = ev.reason
+                yield ev
+                if not isinstance(ev, Token):
+                    return
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.m.scheduler.release(self.session.slot, self.session, self.g)
+        self.ctx.session_ended(self.sid, self.m, "generate", self.t0, self.reason)
+
+
+async def open_generation(
+    ctx: AppContext, m: ModelEntry, prompt: str, req: SamplingFields, max_tokens: int
+) -> Run:
+    """Take a slot for [bos] + prompt (PoolFullError when none is free); the `Run` owns it."""
+    tok = m.engine.tokenizer
+    feed = [tok.bos, *tok.encode(prompt)]
+    async with owned_slot(m) as slot:
+        return Run(ctx, m, slot, feed, req.to_sampling(max_tokens))

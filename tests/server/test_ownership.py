@@ -1,0 +1,115 @@
+"""Session and slot ownership: nothing a client does can leak a session or a state slot.
+
+- start-then-close before `ready` arrives (clean close and TCP reset, both endpoints): every
+  session is finished or detached and reclaimed by the resume grace;
+- an imported state whose session fields are malformed (±Infinity, wrong types, negative
+  positions) is refused with 400 and its slot is given back (`owned_slot`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+import websockets
+from fastapi.testclient import TestClient
+
+from dlr_runtime.engine.snapshot import read_header
+from server.app import create_app
+from tests.conftest import LM_NAME, SPEECH_NAME
+from tests.server.conftest import LiveServer, make_settings
+from tests.server.waits import eventually, eventually_sync
+from tests.server.wshelp import SPEECH, TEXT, drop, send_json, speech_start, text_start
+
+N = 25  # connections of each shape
+
+
+def test_start_then_close_never_leaks_a_session_or_slot(models_dir):
+    with LiveServer(make_settings(models_dir, resume_grace_s=0.5, max_sessions=8)) as srv:
+        ctx = srv.app.state.dlr
+        starts = {
+            SPEECH: {"type": "start", "sample_rate": 16000},
+            TEXT: {"type": "start"},
+        }
+
+        async def one(path: str, reset: bool) -> None:
+            ws = await websockets.connect(srv.ws + path)
+            await send_json(ws, starts[path])
+            if reset:
+                drop(ws)  # TCP reset right after start, before ready could arrive
+            else:
+                await ws.close()  # clean close before reading ready
+
+        async def main():
+            for path in (SPEECH, TEXT):
+                for reset in (False, True):
+                    await asyncio.gather(*[one(path, reset) for _ in range(N)])
+            await eventually(lambda: ctx.sessions == 0, timeout=20)
+            await eventually(
+                lambda: all(m.engine.pool.in_use == 0 for m in ctx.models.values()), timeout=10
+            )
+            # the server still admits up to its limit on both endpoints
+            opened = [await speech_start(srv.ws) for _ in range(8)]
+            opened += [await text_start(srv.ws) for _ in range(8)]
+            for ws, _ in opened:
+                await ws.close()
+            await eventually(lambda: ctx.sessions == 0, timeout=10)
+            async with httpx.AsyncClient() as h:
+                return (await h.get(srv.http + "/readyz")).json()
+
+        ready = asyncio.run(main())
+        assert ready["sessions"] == 0 and not srv.app.state.sessions.live
+        assert all(m.sessions == 0 for m in ctx.models.values())
+
+
+def _blob(c: TestClient, model: str, extra: dict) -> bytes:
+    """A genuine (checksummed) snapshot of a fresh slot carrying crafted session fields."""
+    eng = c.app.state.dlr.models[model].engine
+    slot = eng.open()
+    try:
+        return eng.snapshot(slot, extra)
+    finally:
+        eng.close(slot)
+
+
+START = {"type": "start", "sample_rate": 16000, "encoding": "pcm_s16le", "model": None}
+
+
+@pytest.mark.parametrize(
+    "model,fields",
+    [
+        (SPEECH_NAME, {"consumed": float("inf")}),
+        (SPEECH_NAME, {"bytes_received": float("-inf")}),
+        (SPEECH_NAME, {"consumed": -5}),
+        (SPEECH_NAME, {"buffered": 7}),
+        (SPEECH_NAME, {"resampler": "not a dict"}),
+        (SPEECH_NAME, {"start": {"type": "start", "sample_rate": 10**9}}),
+        (LM_NAME, {"appended": float("inf")}),
+        (LM_NAME, {"pending": 3}),
+        (LM_NAME, {"pending": [10**9]}),
+        (LM_NAME, {"last_logits": 5}),
+    ],
+)
+def test_malformed_session_fields_give_400_and_free_the_slot(models_dir, model, fields):
+    with TestClient(create_app(make_settings(models_dir, max_sessions=4))) as c:
+        kind = "speech" if model == SPEECH_NAME else "text"
+        path = "/v1/speech/stream" if kind == "speech" else "/v1/generate/stream"
+        with c.websocket_connect(path) as ws:  # a real session's fields, then spoil some
+            ws.send_json(START if kind == "speech" else {"type": "start"})
+            ready = ws.receive_json()
+            r = c.get(
+                f"/v1/sessions/{ready['session_id']}/state",
+                headers={"X-Resume-Token": ready["resume_token"]},
+            )
+            assert r.status_code == 200, r.text
+        extra = {**read_header(r.content)["extra"], **fields}
+        json.dumps(extra)  # (±Infinity is what a crafted JSON header carries)
+        eng = c.app.state.dlr.models[model].engine
+        for _ in range(6):  # more than max_sessions: a leak would end in 429
+            r = c.post("/v1/sessions", content=_blob(c, model, extra))
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["code"] == "invalid_state"
+        eventually_sync(lambda: eng.pool.in_use == 0, timeout=5)
+        assert c.get("/readyz").json()["sessions"] == 0
