@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
+from ..backends.base import Backend
 from . import snapshot as snap
 from .pool import StatePool
 from .tokenizer import ByteTokenizer
@@ -48,7 +48,7 @@ class Engine:
 
     def __init__(
         self,
-        backend: Any,
+        backend: Backend,
         name: str,
         max_sessions: int,
         prefill_block: int = 256,
@@ -82,7 +82,7 @@ class Engine:
         return self.pool.device
 
     def state_bytes_per_session(self) -> int:
-        return sum(v.element_size() * v[0].numel() for v in self.pool.state.values())
+        return self.backend.state_bytes()
 
     def open(self) -> int:
         """Allocate a slot with zero state (raises PoolFullError when full)."""
@@ -203,20 +203,11 @@ class Engine:
         return snap.pack(self.name, self.config_hash, {k: v[0] for k, v in row.items()}, extra)
 
     def _to_canonical(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Backend state layout -> RecurrentModel's (complex "ssm"); identity for torch."""
-        convert = getattr(self.backend, "to_torch_state", None)
-        if convert is None:
-            return state
-        cdtype = (
-            torch.complex128
-            if getattr(self.backend, "dtype", None) == torch.float64
-            else torch.complex64
-        )
-        return convert(state, cdtype)
+        """Backend state layout -> the canonical one (complex "ssm"); identity for torch."""
+        return self.backend.to_canonical(state)
 
     def _to_native(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        convert = getattr(self.backend, "from_torch_state", None)
-        return state if convert is None else convert(state)
+        return self.backend.from_canonical(state)
 
     def restore(self, slot: int, blob: bytes) -> dict:
         """Load a snapshot into an allocated slot; returns its `extra`. Raises SnapshotError."""
