@@ -3,9 +3,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Debian packages: espeak-ng + sox (offline speech data), chromium + chromium-driver (browser test
-# of server/static), docker-compose v1 (validates compose.yaml; no Docker engine is needed),
-# prometheus (its promtool checks docker/prometheus and the dashboard's PromQL).
-apt_pkgs="espeak-ng sox chromium chromium-driver docker-compose prometheus"
+# of server/static), docker-compose v1 (validates and runs compose.yaml), prometheus (its promtool
+# checks docker/prometheus and the dashboard's PromQL), docker.io + debootstrap (the Docker engine
+# and the offline base image of docker/build-local.sh for tests/docker/test_compose_e2e.py),
+# haproxy (checks docker/haproxy/haproxy.cfg), redis-server (the shared session store's tests).
+apt_pkgs="espeak-ng sox chromium chromium-driver docker-compose prometheus docker.io debootstrap haproxy redis-server"
 missing=""
 for p in $apt_pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if command -v apt-get >/dev/null 2>&1 && [ -n "$missing" ]; then

@@ -139,7 +139,11 @@ def test_build_stage_install_runs_in_a_fresh_venv(tmp_path, models_dir, deps):
                     shutil.copytree(
                         s,
                         target,
-                        ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"),
+                        # (*.whl: an offline build's wheelhouse; the venv here gets its
+                        # packages as the test environment's pip is set up)
+                        ignore=shutil.ignore_patterns(
+                            "__pycache__", "build", "*.egg-info", "*.whl"
+                        ),
                     )
                 elif dest.endswith("/"):
                     target.mkdir(parents=True, exist_ok=True)
