@@ -70,19 +70,28 @@ say "base: $base"
 # 3. Redis, HAProxy, Prometheus from Debian packages
 for svc in redis haproxy prometheus; do
   docker build -q --build-arg BASE_IMAGE="$base" -f "docker/local/$svc.Dockerfile" \
-    -t "dlr-local/$svc:bookworm" docker/local >/dev/null
+    -t "dlr-local/$svc:bookworm" docker/local >/dev/null 2>"${TMPDIR:-/tmp}/dlr-build-$svc.log" \
+    || { cat "${TMPDIR:-/tmp}/dlr-build-$svc.log"; exit 1; }
   say "image: dlr-local/$svc:bookworm"
 done
 
 # 4. the server image (the same build arguments as compose.local.yaml)
+# The build stage is tagged too (dlr-serve:cpu-build): untagged, its layers (the wheelhouse and
+# the installed dependencies) would be dangling images that `docker image prune` deletes, and
+# the next build would install every dependency again.
 offline=(--build-arg BASE_IMAGE="$base" --build-arg PIP_NO_INDEX=1 --build-arg PIP_FIND_LINKS=/wheels)
-docker build "${offline[@]}" -f docker/Dockerfile -t dlr-serve:cpu . >/tmp/dlr-build-cpu.log 2>&1 \
-  || { tail -40 /tmp/dlr-build-cpu.log; exit 1; }
+log=${TMPDIR:-/tmp}/dlr-build-cpu.log
+{ docker build "${offline[@]}" -f docker/Dockerfile --target build -t dlr-serve:cpu-build . \
+  && docker build "${offline[@]}" -f docker/Dockerfile -t dlr-serve:cpu .; } >"$log" 2>&1 \
+  || { tail -40 "$log"; exit 1; }
 say "image: dlr-serve:cpu"
 if [ "$cuda" = 1 ]; then
-  docker build --build-arg CUDA_IMAGE="$base" --build-arg PIP_NO_INDEX=1 \
-    --build-arg PIP_FIND_LINKS=/wheels -f docker/Dockerfile.cuda -t dlr-serve:cuda-debian . \
-    >/tmp/dlr-build-cuda.log 2>&1 || { tail -40 /tmp/dlr-build-cuda.log; exit 1; }
+  log=${TMPDIR:-/tmp}/dlr-build-cuda.log
+  cuda_args=(--build-arg CUDA_IMAGE="$base" --build-arg PIP_NO_INDEX=1 --build-arg PIP_FIND_LINKS=/wheels)
+  { docker build "${cuda_args[@]}" -f docker/Dockerfile.cuda --target build -t dlr-serve:cuda-debian-build . \
+    && docker build "${cuda_args[@]}" -f docker/Dockerfile.cuda -t dlr-serve:cuda-debian .; } >"$log" 2>&1 \
+    || { tail -40 "$log"; exit 1; }
   say "image: dlr-serve:cuda-debian (docker/Dockerfile.cuda on the Debian base, no CUDA runtime)"
 fi
+say "done"
 docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E '^(dlr-local|dlr-serve)' || true
