@@ -142,15 +142,15 @@ class Stack:
             ids = self.containers()
             if len(ids) >= expect:
                 out = subprocess.run(
-                    ["docker", "inspect", "-f", "{{.Name}} {{.State.Status}} "
+                    ["docker", "inspect", "-f", "{{.Name}} {{.RestartCount}} {{.State.Status}} "
                      "{{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}}", *ids],
                     capture_output=True, text=True, timeout=30,
                 )  # fmt: skip
-                states = out.stdout.split("\n")
+                states = [s.split() for s in out.stdout.splitlines() if s.strip()]
+                looping = [s[0] for s in states if int(s[1]) >= 3]
+                assert not looping, f"restarting over and over: {looping}\n{self.logs()}"
                 if out.returncode == 0 and all(
-                    s.split()[1:] in (["running", "healthy"], ["running", "none"])
-                    for s in states
-                    if s.strip()
+                    s[2:] in (["running", "healthy"], ["running", "none"]) for s in states
                 ):
                     return
             time.sleep(2)
