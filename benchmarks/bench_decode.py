@@ -1,4 +1,4 @@
-"""Text decoding: DLR (torch eager, torch.compile, ONNX Runtime) vs a KV-cache Transformer.
+"""Text decoding: DLR (torch eager, fused, torch.compile, ONNX Runtime) vs a KV-cache Transformer.
 
 Both models have about the same parameter count (printed). At each context length (256, 2K,
 8K, 32K) and batch (1, 16, 64) the DLR's state is a random state of its fixed size (what any
@@ -25,6 +25,7 @@ from torch import nn
 
 from benchmarks.harness import PLOTS, append_results, machine, md_table, time_calls
 from dlr_runtime import DLRConfig, DLRModel, to_recurrent
+from dlr_runtime.backends.fused import FusedBackend, fused_supported
 from dlr_runtime.backends.onnx import OnnxBackend
 from dlr_runtime.backends.torch_compiled import FastTorchBackend
 
@@ -79,7 +80,7 @@ class KVTransformer(nn.Module):
 
 
 def build(quick: bool):
-    dlr_cfg = DLRConfig(d_model=256, d_state=64, n_layers=4, vocab_size=VOCAB)
+    dlr_cfg = DLRConfig.preset("decode-lm")
     dlr = to_recurrent(DLRModel(dlr_cfg, seed=0))
     n_dlr = DLRModel(dlr_cfg, seed=0).num_parameters()
     tf = KVTransformer(d=128, layers=4, heads=4).eval()
@@ -107,6 +108,7 @@ def main() -> None:
     print(f"{machine()}\nDLR params {n_dlr:,}, Transformer params {n_tf:,}")
 
     fast = FastTorchBackend(dlr, compile_cpu=False)
+    fused = FusedBackend(dlr) if fused_supported(dlr) is None else None
     compiled = None
     if not args.no_compile:
         compiled = torch.compile(fast.stepper, dynamic=True)  # one graph for every batch size
@@ -123,11 +125,14 @@ def main() -> None:
         st["ssm"] = torch.randn_like(st["ssm"]) * 0.1
         ost = onnx_be.from_torch_state(st)
         ssm_r = torch.view_as_real(st["ssm"])
+        fst = fused.from_canonical(st) if fused is not None else None
         for ctx in contexts:
             dlr_t = {
                 "eager": time_calls(lambda t=tok, s=st: dlr.step(t, s), budget)[0],
                 "onnx": time_calls(lambda t=tok, s=ost: onnx_be.step(t, s), budget)[0],
             }
+            if fused is not None:
+                dlr_t["fused"] = time_calls(lambda t=tok, s=fst: fused.step(t, s), budget)[0]
             if compiled is not None:
                 with torch.no_grad():
                     dlr_t["compiled"] = time_calls(lambda t=tok, s=ssm_r: compiled(t, s), budget)[0]
@@ -145,7 +150,7 @@ def main() -> None:
                 del cache
             best = min(dlr_t.values())
             row = [ctx, b]
-            for k in ("eager", "compiled", "onnx"):
+            for k in ("eager", "fused", "compiled", "onnx"):
                 row.append(b / dlr_t[k] if k in dlr_t else float("nan"))
             row += [b / tf_s, (1 / best) / (1 / tf_s), dlr.state_bytes_per_session(), kv]
             rows.append(row)
@@ -153,11 +158,12 @@ def main() -> None:
                 series.setdefault((f"DLR {k}", b), []).append((ctx, b / v))
             series.setdefault(("Transformer+KV", b), []).append((ctx, b / tf_s))
             print(
-                f"ctx {ctx:6d} batch {b:3d}: " + ", ".join(f"{x:.3g}" for x in row[2:7]), flush=True
+                f"ctx {ctx:6d} batch {b:3d}: " + ", ".join(f"{x:.3g}" for x in row[2:8]), flush=True
             )
 
     headers = [
-        "context", "batch", "DLR eager tok/s", "DLR compiled tok/s", "DLR onnx tok/s",
+        "context", "batch", "DLR eager tok/s", "DLR fused tok/s", "DLR compiled tok/s",
+        "DLR onnx tok/s",
         "Transformer tok/s", "best DLR / Transformer", "DLR state B/session", "KV cache B/session",
     ]  # fmt: skip
     table = md_table(headers, rows)
@@ -167,7 +173,7 @@ def main() -> None:
     note = (
         f"DLR: H=256, N=64, 4 layers ({n_dlr:,} params); Transformer: d=128, 4 layers, 4 heads, "
         f"MLP 4x ({n_tf:,} params). tok/s = aggregate over the batch (per session = tok/s / "
-        f"batch). DLR 'compiled' = torch.compile(dynamic=True) of the real-arithmetic step. "
+        f"batch). DLR 'fused' = the numba decode step (backends.fused); 'compiled' = torch.compile(dynamic=True) of the real-arithmetic step. "
         f"'-' = KV cache over {args.kv_budget_gb} GB, not run. Plot: benchmarks/plots/decode.png"
     )
     append_results(

@@ -31,6 +31,7 @@ import torch
 
 from benchmarks.harness import PLOTS, append_results, machine, md_table, time_calls
 from dlr_runtime import DLRConfig, DLRModel, to_recurrent
+from dlr_runtime.backends.fused import FusedBackend, fused_supported
 from dlr_runtime.backends.onnx import OnnxBackend
 
 
@@ -74,24 +75,27 @@ def main() -> None:
     print(machine())
     pf, pb = peaks(args.quick)
     print(f"peaks: matmul {pf / 1e9:.1f} GFLOP/s, copy {pb / 1e9:.1f} GB/s")
-    lm_cfg = DLRConfig(d_model=256, d_state=64, n_layers=4, vocab_size=258)
+    lm_cfg = DLRConfig.preset("decode-lm")
     lm = to_recurrent(DLRModel(lm_cfg, seed=0))
-    au_cfg = DLRConfig(
-        d_model=64, d_state=64, n_layers=4, encoder="audio", decoder="classifier",
-        frame_stride=160, labels=[str(i) for i in range(10)],
-    )  # fmt: skip
+    au_cfg = DLRConfig.preset("roofline-speech")
     au = to_recurrent(DLRModel(au_cfg, seed=0))
     tmp = tempfile.mkdtemp(prefix="bench-roof-")
     lm_onnx = OnnxBackend.from_recurrent(lm, f"{tmp}/lm", max_chunk=4, threads=args.threads)
     au_onnx = OnnxBackend.from_recurrent(au, f"{tmp}/au", max_chunk=16, threads=args.threads)
     cases = []
-    for b in (1, 256):
+    lm_fused = FusedBackend(lm) if fused_supported(lm) is None else None
+    for b in (1, 64, 256):
         tok = torch.randint(0, 258, (b,))
         st = lm.init_state(b)
         ost = lm_onnx.from_torch_state(st)
         fl, by = decode_counts(lm_cfg, b)
         cases.append((f"decode B={b}", "torch", fl, by, lambda t=tok, s=st: lm.step(t, s)))
         cases.append((f"decode B={b}", "onnx", fl, by, lambda t=tok, s=ost: lm_onnx.step(t, s)))
+        if lm_fused is not None:
+            fst = lm_fused.from_canonical(st)
+            cases.append(
+                (f"decode B={b}", "fused", fl, by, lambda t=tok, s=fst: lm_fused.step(t, s))
+            )
     b, samples = 64, 1600
     x = 0.1 * torch.randn(b, samples)
     st = au.init_state(b)

@@ -2,12 +2,15 @@
 
 The config is stored inside every checkpoint (as JSON), so a checkpoint needs nothing else
 to be loaded. `DLRConfig.from_dict(cfg.to_dict()) == cfg` always holds.
+
+Named presets (`DLRConfig.preset("tiny-lm", n_layers=1)`) give tests and benchmarks one
+definition of each small model they build (`PRESETS` lists them).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
 LayerKind = Literal["dlr", "s4d", "lru"]
@@ -15,6 +18,28 @@ InitKind = Literal["omega", "random"]
 NormKind = Literal["layernorm", "rmsnorm", "none"]
 EncoderKind = Literal["tokens", "audio"]
 DecoderKind = Literal["lm", "classifier"]
+
+SC10_LABELS = ["yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go"]
+_SPEECH = {"encoder": "audio", "decoder": "classifier", "sample_rate": 16000, "frame_stride": 160}
+PRESETS: dict[str, dict[str, Any]] = {
+    # tests: seconds on a CPU
+    "tiny-lm": {"d_model": 16, "d_state": 8, "n_layers": 2, "vocab_size": 258, "init": "random"},
+    "tiny-speech": {"d_model": 16, "d_state": 8, "n_layers": 2, **_SPEECH, "labels": SC10_LABELS},
+    "micro-lm": {"d_model": 8, "d_state": 4, "n_layers": 2, "vocab_size": 20},
+    "micro-speech": {"d_model": 8, "d_state": 4, "n_layers": 1, **_SPEECH, "labels": ["a", "b"]},
+    # benchmarks
+    "bench-lm": {"d_model": 128, "d_state": 32, "n_layers": 4, "vocab_size": 258},
+    "bench-speech": {"d_model": 64, "d_state": 32, "n_layers": 4, **_SPEECH, "labels": SC10_LABELS},
+    "decode-lm": {"d_model": 256, "d_state": 64, "n_layers": 4, "vocab_size": 258},
+    "roofline-speech": {
+        "d_model": 64,
+        "d_state": 64,
+        "n_layers": 4,
+        **_SPEECH,
+        "labels": SC10_LABELS,
+    },  # fmt: skip
+    "byte-lm": {"d_model": 192, "d_state": 64, "n_layers": 4, "vocab_size": 258},  # shipped shape
+}
 
 
 @dataclass
@@ -95,6 +120,14 @@ class DLRConfig:
         if unknown:
             raise ValueError(f"unknown DLRConfig fields: {unknown}")
         return cls(**data)
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> DLRConfig:
+        """The named preset (see `PRESETS`) with `overrides` applied."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown DLRConfig preset {name!r}; known: {sorted(PRESETS)}")
+        base = cls(**{k: (list(v) if isinstance(v, list) else v) for k, v in PRESETS[name].items()})
+        return replace(base, **overrides)
 
     @classmethod
     def from_json(cls, text: str) -> DLRConfig:

@@ -17,7 +17,8 @@ The layers differ only in how (lam, B, C, D) are parameterised:
   lam = exp(-exp(nu) + i exp(theta)), B = gamma * B_param with gamma = sqrt(1 - |lam|^2).
 
 `recurrent_params()` returns (log_lam, B, C, D) in float64/complex128; the runtime needs
-nothing else, so all three convert to the same recurrent form.
+nothing else, so all three convert to the same recurrent form, whose step and chunk math is
+`diagonal.py`.
 
 Precision (dlr.md pitfalls 1 and 8): powers lam^l are formed as exp(l * log_lam) with the phase
 product taken in float64 and reduced modulo 2*pi before the exponential, never as repeated
@@ -33,8 +34,9 @@ import torch
 from torch import nn
 
 from .config import DLRConfig
+from .diagonal import TWO_PI, powers
 
-TWO_PI = 2.0 * math.pi
+__all__ = ["TWO_PI", "powers"]  # re-exported: the math lives in diagonal.py
 
 
 @dataclass
@@ -45,20 +47,6 @@ class RecurrentParams:
     B: torch.Tensor  # (H, N) complex128 input vector
     C: torch.Tensor  # (H, N) complex128 output vector
     D: torch.Tensor  # (H,) float64 skip
-
-
-def powers(log_lam: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
-    """lam^l for every l in `exponents`, precisely: (..., N) x (T,) -> (..., N, T) complex128.
-
-    The phase Im(log_lam) * l is computed in float64 and wrapped to [0, 2*pi) before cos/sin,
-    so the error stays ~1e-16 * |theta * l| instead of float32's ~6e-8 * |theta * l|.
-    """
-    log_lam = log_lam.to(torch.complex128)
-    ex = exponents.to(device=log_lam.device, dtype=torch.float64)  # (T,)
-    theta = torch.remainder(log_lam.imag, TWO_PI)  # wrap once: unwrapped theta grows in training
-    mag = torch.exp(log_lam.real.unsqueeze(-1) * ex)  # (..., N, T)
-    phase = torch.remainder(theta.unsqueeze(-1) * ex, TWO_PI)  # (..., N, T)
-    return torch.complex(mag * torch.cos(phase), mag * torch.sin(phase))
 
 
 def kernel_from_params(params: RecurrentParams, length: int) -> torch.Tensor:

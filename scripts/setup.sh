@@ -3,11 +3,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Debian packages: espeak-ng + sox (offline speech data), chromium + chromium-driver (browser test
-# of server/static), docker-compose v1 (validates compose.yaml; no Docker engine is needed),
-# prometheus (its promtool checks docker/prometheus and the dashboard's PromQL), redis-server
-# (the Redis state store; tests start their own on a free 127.0.0.1 port), haproxy (the
-# two-replica failover test with deploy/haproxy.cfg).
-apt_pkgs="espeak-ng sox chromium chromium-driver docker-compose prometheus redis-server haproxy"
+# of server/static), docker-compose v1 (validates and runs compose.yaml), prometheus (its promtool
+# checks docker/prometheus and the dashboard's PromQL), docker.io + debootstrap (the Docker engine
+# and the offline base image of docker/build-local.sh for tests/docker/test_compose_e2e.py),
+# haproxy (load balancer of the replica tests; checks docker/haproxy/haproxy.cfg), redis-server
+# (the Redis state store; tests start their own on a free 127.0.0.1 port), flite, festival and its
+# English voices, ffmpeg (the multi-synthesizer speech corpus of training/data).
+apt_pkgs="espeak-ng sox chromium chromium-driver docker-compose prometheus docker.io debootstrap haproxy redis-server flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts ffmpeg"
 missing=""
 for p in $apt_pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if command -v apt-get >/dev/null 2>&1 && [ -n "$missing" ]; then

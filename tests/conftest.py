@@ -1,7 +1,8 @@
 """Shared fixtures: tiny random models saved as checkpoints into a temporary models directory.
 
-- `tiny-lm`: a byte-level LM (vocab 258, byte tokenizer metadata).
-- `tiny-speech`: an audio classifier (16 kHz, frame_stride 160, SC10-style labels).
+- `tiny-lm`: a byte-level LM (`DLRConfig.preset("tiny-lm")`, byte tokenizer metadata).
+- `tiny-speech`: an audio classifier (`DLRConfig.preset("tiny-speech")`: 16 kHz, frame_stride
+  160, SC10 labels).
 
 Both are small enough that every test runs in seconds on a CPU.
 """
@@ -18,28 +19,19 @@ import torch
 torch.set_num_threads(1)
 
 from dlr_runtime import DLRConfig, DLRModel, save_checkpoint  # noqa: E402
+from dlr_runtime.config import SC10_LABELS as LABELS  # noqa: E402,F401  (re-exported)
 
 LM_NAME = "tiny-lm"
 SPEECH_NAME = "tiny-speech"
 TOKENIZER = {"type": "bytes", "bos": 256, "eos": 257, "vocab_size": 258}
-LABELS = ["yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go"]
 
 
 def tiny_lm_config() -> DLRConfig:
-    return DLRConfig(d_model=16, d_state=8, n_layers=2, vocab_size=258, init="random")
+    return DLRConfig.preset(LM_NAME)
 
 
 def tiny_speech_config() -> DLRConfig:
-    return DLRConfig(
-        d_model=16,
-        d_state=8,
-        n_layers=2,
-        encoder="audio",
-        decoder="classifier",
-        sample_rate=16000,
-        frame_stride=160,
-        labels=list(LABELS),
-    )
+    return DLRConfig.preset(SPEECH_NAME)
 
 
 def write_models(root: Path) -> Path:

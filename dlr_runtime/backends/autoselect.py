@@ -2,8 +2,8 @@
 
     name, backend, timings = pick_fastest(rec)
 
-Builds each candidate ("torch": the RecurrentModel itself, "torch-fast": the compiled /
-CUDA-graph decode step, "onnx": ONNX Runtime), times the call the server makes most (LM: one
+Builds each candidate ("torch": the RecurrentModel itself, "fused": the numba decode step,
+"torch-fast": the compiled / CUDA-graph decode step, "onnx": ONNX Runtime), times the call the server makes most (LM: one
 decode step at a few batch sizes; audio: a 100 ms chunk at a few batch sizes), and returns the
 one with the least total median time, plus every candidate's timings. A candidate that fails
 to build or run is skipped (its error is logged and recorded as an infinite time), so "auto"
@@ -36,11 +36,25 @@ def build(rec: RecurrentModel, name: str) -> Any:
         from .onnx import OnnxBackend  # noqa: PLC0415  (onnxruntime only when asked for)
 
         return OnnxBackend.from_recurrent(rec)
+    if name == "fused":
+        from .fused import FusedBackend  # noqa: PLC0415  (numba only when asked for)
+
+        return FusedBackend(rec)
     if name == "torch-fast":
         from .torch_compiled import FastTorchBackend  # noqa: PLC0415
 
         return FastTorchBackend(rec)
     raise ValueError(f"unknown backend candidate {name!r}")
+
+
+def default_candidates(rec: RecurrentModel) -> tuple[str, ...]:
+    """What "auto" compares for `rec`: on CUDA torch-fast and onnx; on the CPU fused (token
+    LMs, with numba), torch and onnx."""
+    if rec.device.type == "cuda":
+        return ("torch-fast", "onnx")
+    from .fused import fused_supported  # noqa: PLC0415
+
+    return ("fused", "torch", "onnx") if fused_supported(rec) is None else DEFAULT_CANDIDATES
 
 
 def _median_time(fn: Callable[[], object], reps: int, device: torch.device) -> float:

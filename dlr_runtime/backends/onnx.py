@@ -7,7 +7,8 @@ layout of the state differs: the complex SSM state is carried as two float tenso
     "ssm_re", "ssm_im"   (B, L, H, N) float32 (or float64 for a float64 export)
 
 next to the same "frame_buf"/"frame_fill" (audio) and "mean_sum"/"mean_count" (classifier)
-tensors as `RecurrentModel`. `from_torch_state` / `to_torch_state` convert between the two.
+tensors as `RecurrentModel` (`state_spec.split_complex`). `from_canonical` / `to_canonical`
+convert between the two.
 
 State tensors are torch tensors on the backend's device and are bound to the ONNX Runtime
 session by pointer (io-binding), inputs and outputs both, so with the CUDA execution provider
@@ -16,7 +17,7 @@ newly allocated state tensors.
 
 Graphs (see `dlr_runtime.export.onnx_export`): `step` (one position), `chunk` (1..max_chunk
 positions; longer inputs are cut into blocks here), `scores` (classifiers). Audio graphs take
-whole frames; the per-sample framing is the runtime's own (`push_sample`, `take_frames`).
+whole frames; the per-sample framing is the runtime's own (`dlr_runtime.framing`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ import torch
 
 from ..config import DLRConfig
 from ..export.onnx_export import export_onnx, read_manifest
-from ..recurrent import RecurrentModel, advance_completed, push_sample, take_frames
+from ..framing import audio_chunk, audio_step
+from ..recurrent import RecurrentModel
+from ..state_spec import COMPLEX_OF, Spec, init_state, split_complex, state_bytes, state_spec
 
 State = dict[str, torch.Tensor]
 
@@ -150,29 +153,25 @@ class OnnxBackend:
     def device(self) -> torch.device:
         return self._device
 
+    @property
+    def spec(self) -> Spec:
+        """This backend's state layout: the canonical one with "ssm" as re/im halves."""
+        return split_complex(state_spec(self.config, COMPLEX_OF[self.dtype]))
+
     def init_state(self, batch: int, device: torch.device | str | None = None) -> State:
         """Zero state for `batch` streams (same keys as RecurrentModel, "ssm" as re/im)."""
         if device is not None and torch.device(device) != self._device:
             raise ValueError(f"OnnxBackend runs on {self._device}, cannot keep state on {device}")
-        cfg, dev = self.config, self._device
-        shape = (batch, self.n_layers, cfg.d_model, cfg.d_state)
-        state: State = {
-            "ssm_re": torch.zeros(shape, dtype=self.dtype, device=dev),
-            "ssm_im": torch.zeros(shape, dtype=self.dtype, device=dev),
-        }
-        if cfg.encoder == "audio":
-            state["frame_buf"] = torch.zeros(batch, cfg.frame_stride, dtype=self.dtype, device=dev)
-            state["frame_fill"] = torch.zeros(batch, dtype=torch.int64, device=dev)
-        if cfg.decoder == "classifier":
-            state["mean_sum"] = torch.zeros(batch, cfg.d_model, dtype=torch.float64, device=dev)
-            state["mean_count"] = torch.zeros(batch, dtype=torch.float64, device=dev)
-        return state
+        return init_state(self.spec, batch, self._device)
+
+    def state_bytes(self) -> int:
+        return state_bytes(self.spec)
 
     def state_bytes_per_session(self) -> int:
-        return sum(t.element_size() * t[0].numel() for t in self.init_state(1).values())
+        return self.state_bytes()
 
-    def from_torch_state(self, state: State) -> State:
-        """A `RecurrentModel` state -> this backend's layout (on this device)."""
+    def from_canonical(self, state: State) -> State:
+        """A canonical (`RecurrentModel`) state -> this backend's layout (on this device)."""
         out = {k: v.to(self._device) for k, v in state.items() if k != "ssm"}
         ssm = state["ssm"].to(self._device)
         out["ssm_re"] = ssm.real.to(self.dtype).contiguous()
@@ -181,11 +180,16 @@ class OnnxBackend:
             out["frame_buf"] = out["frame_buf"].to(self.dtype)
         return out
 
-    def to_torch_state(self, state: State, cdtype: torch.dtype = torch.complex64) -> State:
-        """This backend's state -> the `RecurrentModel` layout with complex dtype `cdtype`."""
+    def to_canonical(self, state: State, cdtype: torch.dtype | None = None) -> State:
+        """This backend's state -> the canonical layout (complex of this backend's float
+        dtype unless `cdtype` says otherwise)."""
         out = {k: v for k, v in state.items() if k not in ("ssm_re", "ssm_im")}
-        out["ssm"] = torch.complex(state["ssm_re"], state["ssm_im"]).to(cdtype)
+        cd = COMPLEX_OF[self.dtype] if cdtype is None else cdtype
+        out["ssm"] = torch.complex(state["ssm_re"], state["ssm_im"]).to(cd)
         return out
+
+    from_torch_state = from_canonical  # earlier names
+    to_torch_state = to_canonical
 
     # ------------------------------------------------------------------ public API
     @torch.no_grad()
@@ -274,19 +278,14 @@ class OnnxBackend:
 
     # ------------------------------------------------------------------ audio framing
     def _audio_step(self, x_t: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
-        buf, done = push_sample(state, x_t, self.config.frame_stride)
-        state = advance_completed(state, buf, done, lambda fr, sub: self._run("step", fr, sub)[1])
+        def run(frames: torch.Tensor, sub: State) -> State:
+            return self._run("step", frames, sub)[1]
+
+        state = audio_step(x_t, state, self.config.frame_stride, run)
         return self.scores(state), state
 
-    # Streams at different offsets inside a frame are processed per offset group exactly as in
-    # RecurrentModel, whose grouping code only calls `_audio_chunk_aligned` (defined below).
-    _audio_chunk = RecurrentModel._audio_chunk
-
-    def _audio_chunk_aligned(
-        self, x: torch.Tensor, state: State, fill: int
-    ) -> tuple[torch.Tensor, State]:
-        frames = take_frames(state, x, fill, self.config.frame_stride)  # (B, F, stride)
-        return self._positions(frames, state)
+    def _audio_chunk(self, x: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        return audio_chunk(x, state, self.config.frame_stride, self._positions)
 
     def describe(self) -> dict[str, Any]:
         """What /v1/models may report about this backend."""

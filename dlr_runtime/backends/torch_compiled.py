@@ -98,8 +98,17 @@ class FastTorchBackend:
     def init_state(self, batch: int, device: torch.device | str | None = None) -> State:
         return self.rec.init_state(batch, device)
 
+    def state_bytes(self) -> int:
+        return self.rec.state_bytes()
+
     def state_bytes_per_session(self) -> int:
-        return self.rec.state_bytes_per_session()
+        return self.state_bytes()
+
+    def to_canonical(self, state: State) -> State:
+        return state  # the wrapped model's layout
+
+    def from_canonical(self, state: State) -> State:
+        return self.rec.from_canonical(state)
 
     def chunk(self, x: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
         return self.rec.chunk(x, state)

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
+from ..backends.base import Backend
 from . import snapshot as snap
 from .pool import StatePool
 from .tokenizer import ByteTokenizer
@@ -48,7 +48,7 @@ class Engine:
 
     def __init__(
         self,
-        backend: Any,
+        backend: Backend,
         name: str,
         max_sessions: int,
         prefill_block: int = 256,
@@ -71,6 +71,10 @@ class Engine:
         # ties snapshots to this architecture, state layout and (when given) these weights
         self.config_hash = snap.config_hash(self.config, canon, weights_hash)
         self._row_like = {k: v[0] for k, v in canon.items()}
+        # what a restored row may hold: derived from the torch form's parameters when there is
+        # one (see snap.state_bounds), else only finiteness and the generic caps
+        rec = backend if hasattr(backend, "log_lam") else getattr(backend, "rec", None)
+        self._bounds = snap.state_bounds(rec) if rec is not None else None
 
     # ------------------------------------------------------------------ sessions
     @property
@@ -78,7 +82,7 @@ class Engine:
         return self.pool.device
 
     def state_bytes_per_session(self) -> int:
-        return sum(v.element_size() * v[0].numel() for v in self.pool.state.values())
+        return self.backend.state_bytes()
 
     def open(self) -> int:
         """Allocate a slot with zero state (raises PoolFullError when full)."""
@@ -199,20 +203,11 @@ class Engine:
         return snap.pack(self.name, self.config_hash, {k: v[0] for k, v in row.items()}, extra)
 
     def _to_canonical(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Backend state layout -> RecurrentModel's (complex "ssm"); identity for torch."""
-        convert = getattr(self.backend, "to_torch_state", None)
-        if convert is None:
-            return state
-        cdtype = (
-            torch.complex128
-            if getattr(self.backend, "dtype", None) == torch.float64
-            else torch.complex64
-        )
-        return convert(state, cdtype)
+        """Backend state layout -> the canonical one (complex "ssm"); identity for torch."""
+        return self.backend.to_canonical(state)
 
     def _to_native(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        convert = getattr(self.backend, "from_torch_state", None)
-        return state if convert is None else convert(state)
+        return self.backend.from_canonical(state)
 
     def restore(self, slot: int, blob: bytes) -> dict:
         """Load a snapshot into an allocated slot; returns its `extra`. Raises SnapshotError."""
@@ -229,12 +224,8 @@ class Engine:
     def _check_row(self, row: dict[str, torch.Tensor]) -> None:
         """A blob can be well-formed yet hold values no run produces; refuse those, since a
         bad row would fail every batch it joins."""
-        for name, t in row.items():
-            if (t.is_floating_point() or t.is_complex()) and not torch.isfinite(t).all():
-                raise snap.SnapshotError(f"state snapshot tensor {name!r} has non-finite values")
+        snap.check_state(row, self._bounds)
         if "frame_fill" in row:
             fill = int(row["frame_fill"])
             if not 0 <= fill < self.config.frame_stride:
                 raise snap.SnapshotError(f"state snapshot frame_fill {fill} is out of range")
-        if "mean_count" in row and float(row["mean_count"]) < 0:
-            raise snap.SnapshotError("state snapshot mean_count is negative")

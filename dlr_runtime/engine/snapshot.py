@@ -13,16 +13,26 @@ Layout (all integers little-endian):
 `config_hash` covers the model config and the state dtype, so a blob only restores into a pool
 of a model with the same architecture and weights layout. `extra` carries caller data (e.g. the
 server's session bookkeeping). Every problem raises `SnapshotError` with a clear message.
+
+Anyone can recompute a sha256, so the digest only catches accidents. Before anything is
+allocated, `read_header` therefore validates every header field against a schema
+(`header_schema.py`): standard JSON only (no NaN/Infinity), nesting at most `MAX_DEPTH`, tensor
+specs with known dtypes and byte ranges inside the payload, and the stream-position fields of
+`extra` typed and in range. `state_bounds` / `check_state` then bound the restored values by
+what the model can reach.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
 from typing import Any
 
 import torch
+
+from .header_schema import SnapshotHeaderError, parse_header_json, validate_header
 
 MAGIC = b"DLRSTATE"
 SNAPSHOT_VERSION = 1
@@ -44,6 +54,14 @@ _DTYPES = {
 
 class SnapshotError(ValueError):
     """A state blob is malformed, tampered with, or belongs to another model."""
+
+
+class InvalidHeader(SnapshotError):
+    """A header field has the wrong type, is out of range, or the JSON is not plain JSON."""
+
+
+class StateOutOfRange(SnapshotError):
+    """A restored state holds values the model cannot reach (non-finite or beyond its bound)."""
 
 
 def config_hash(config: Any, state: dict[str, torch.Tensor], weights_hash: str = "") -> str:
@@ -98,11 +116,10 @@ def read_header(blob: bytes) -> dict[str, Any]:
     if start + hlen > len(body):
         raise SnapshotError("state snapshot header length exceeds the blob")
     try:
-        header = json.loads(body[start : start + hlen])
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SnapshotError(f"state snapshot header is not valid JSON: {e}") from e
-    if not isinstance(header, dict) or not {"model", "config_hash", "tensors"} <= set(header):
-        raise SnapshotError("state snapshot header lacks model, config_hash or tensors")
+        header = parse_header_json(body[start : start + hlen])
+        validate_header(header, payload_bytes=len(body) - start - hlen)
+    except SnapshotHeaderError as e:
+        raise InvalidHeader(str(e)) from None
     header["_payload"] = start + hlen
     return header
 
@@ -125,19 +142,21 @@ def unpack(
     payload, end = header["_payload"], len(blob) - _DIGEST
     out: dict[str, torch.Tensor] = {}
     for spec in header["tensors"]:
-        name = spec.get("name")
+        name = spec["name"]
+        if name in out:
+            raise SnapshotError(f"state snapshot has tensor {name!r} twice")
         if name not in like:
             raise SnapshotError(f"state snapshot has unknown tensor {name!r}")
         ref = like[name]
-        dtype = _DTYPES.get(spec.get("dtype"))
-        if dtype != ref.dtype or list(spec.get("shape", [])) != list(ref.shape):
+        dtype = _DTYPES.get(spec["dtype"])
+        if dtype != ref.dtype or list(spec["shape"]) != list(ref.shape):
             raise SnapshotError(
                 f"state snapshot tensor {name!r} is {spec.get('dtype')} {spec.get('shape')}, "
                 f"expected {ref.dtype} {list(ref.shape)}"
             )
-        lo = payload + int(spec["offset"])
-        hi = lo + int(spec["nbytes"])
-        if hi > end or int(spec["nbytes"]) != ref.numel() * ref.element_size():
+        lo = payload + spec["offset"]  # (ints within the payload: checked by read_header)
+        hi = lo + spec["nbytes"]
+        if hi > end or spec["nbytes"] != ref.numel() * ref.element_size():
             raise SnapshotError(f"state snapshot tensor {name!r} has a wrong byte range")
         raw = bytearray(blob[lo:hi])
         out[name] = torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(ref.shape)
@@ -146,3 +165,83 @@ def unpack(
         raise SnapshotError(f"state snapshot lacks tensors {missing}")
     extra = header.get("extra", {})
     return out, extra if isinstance(extra, dict) else {}
+
+
+# ---------------------------------------------------------------------- reachable states
+STATE_SAFETY = 4.0  # margin over the derived bound (float rounding, norm eps)
+STATE_ABS_CAP = 1e12  # used where no bound can be derived (no pre-norm, |lambda| = 1, ONNX)
+
+
+def _input_bound(norm: torch.nn.Module, width: int) -> torch.Tensor | None:
+    """Bound on |norm(h)| per feature (H,), whatever h: LayerNorm output is at most
+    sqrt(H - 1) |gamma| + |beta|, RMSNorm at most sqrt(H) |gamma|; None for no norm."""
+    root = math.sqrt(width)
+    if isinstance(norm, torch.nn.LayerNorm):
+        g = norm.weight if norm.weight is not None else torch.ones(width)
+        b = norm.bias if norm.bias is not None else torch.zeros(width)
+        return root * g.detach().double().abs() + b.detach().double().abs()
+    if isinstance(norm, torch.nn.RMSNorm):
+        g = norm.weight if norm.weight is not None else torch.ones(width)
+        return root * g.detach().double().abs()
+    return None
+
+
+def state_bounds(rec: Any) -> dict[str, torch.Tensor]:
+    """Largest |value| each state tensor of `rec` (a RecurrentModel) can reach, per element.
+
+    A layer's state obeys x_t = lam x_{t-1} + B u_t, so with |u| <= U and |lam| < 1,
+    |x_t| <= sum_k |lam|^k |B| U = |B| U / (1 - |lam|). With pre-norm, u = norm(h) is bounded
+    whatever h (see `_input_bound`). The classifier's running feature sum is at most
+    count x the head norm's bound. Bounds carry a margin `STATE_SAFETY`; where no bound can be
+    derived (no pre-norm, |lam| = 1) `STATE_ABS_CAP` applies. Shapes are the per-row shapes.
+    """
+    cfg = rec.config
+    h = cfg.d_model
+    out: dict[str, torch.Tensor] = {}
+    rows = []
+    for i, blk in enumerate(rec.blocks):
+        u = _input_bound(blk.norm, h) if cfg.prenorm else None  # (H,) or None
+        decay = -torch.expm1(rec.log_lam[i].real.double())  # 1 - |lam|  (H, N)
+        b = rec.B[i].to(torch.complex128).abs()  # (H, N)
+        if u is None:
+            bound = torch.full_like(decay, STATE_ABS_CAP)
+        else:
+            bound = STATE_SAFETY * b * u[:, None] / decay.clamp(min=1e-300)
+            bound = torch.where(decay > 0, bound, torch.full_like(bound, STATE_ABS_CAP))
+        rows.append(bound)
+    out["ssm"] = torch.stack(rows)  # (L, H, N)
+    if cfg.decoder == "classifier":
+        f = _input_bound(rec.head.norm, h) if cfg.prenorm else None
+        per = torch.full((h,), STATE_ABS_CAP) if f is None else STATE_SAFETY * f
+        out["mean_sum"] = per.double()  # (H,) per counted position
+    return out
+
+
+def check_state(row: dict[str, torch.Tensor], bounds: dict[str, torch.Tensor] | None) -> None:
+    """Refuse a row (per-row tensors) with non-finite values or values past `bounds`."""
+    for name, t in row.items():
+        if (t.is_floating_point() or t.is_complex()) and not torch.isfinite(t).all():
+            raise StateOutOfRange(f"state snapshot tensor {name!r} has non-finite values")
+    cap = {k: v for k, v in (bounds or {}).items() if k in row}
+    if "ssm" in row and "ssm" not in cap:  # (no model bound: the generic cap still applies)
+        cap["ssm"] = torch.full(row["ssm"].shape, STATE_ABS_CAP, dtype=torch.float64)
+    if "ssm" in cap:
+        over = row["ssm"].to(torch.complex128).abs() > cap["ssm"]
+        if over.any():
+            worst = row["ssm"].to(torch.complex128).abs().max().item()
+            raise StateOutOfRange(
+                f"state snapshot tensor 'ssm' holds |x| = {worst:.3g}, beyond what this model "
+                f"reaches (at most {cap['ssm'].max().item():.3g} per element)"
+            )
+    if "mean_count" in row:
+        n = float(row["mean_count"])
+        if n < 0 or n != int(n) or n > 2.0**53:
+            raise StateOutOfRange(f"state snapshot tensor 'mean_count' is {n:g}, not a count")
+        if "mean_sum" in cap:
+            lim = cap["mean_sum"] * max(n, 1.0)
+            if (row["mean_sum"].double().abs() > lim).any():
+                raise StateOutOfRange(
+                    "state snapshot tensor 'mean_sum' is larger than mean_count positions reach"
+                )
+    if "frame_buf" in row and (row["frame_buf"].abs() > STATE_ABS_CAP).any():
+        raise StateOutOfRange("state snapshot tensor 'frame_buf' holds out-of-range samples")

@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..diagonal import chunk_tables, toeplitz
 from ..recurrent import RecurrentModel
-from ..ssm import powers
 
 FLOAT_OF = {torch.complex64: torch.float32, torch.complex128: torch.float64}
 
@@ -180,18 +180,13 @@ class RealCore(nn.Module):
 def _chunk_tables(
     log_lam: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tm: int, shared: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Toeplitz (H, Tm, Tm), vout (Hs, 2N, Tm), vin (Hs, Tm, 2N) for one layer, complex128 in."""
-    ll = log_lam[:1] if shared else log_lam  # (Hs, N)
-    v = powers(ll, torch.arange(tm + 1))  # (Hs, N, Tm+1)
-    vout = v[..., 1:]  # lam^(t+1)
-    vin = v[..., :tm].flip(-1)  # lam^(Tm-1-s)
+    """`diagonal.chunk_tables` laid out for the graphs: Toeplitz (H, Tm, Tm), vout (Hs, 2N, Tm)
+    as (re; im) halves, vin (Hs, Tm, 2N); complex128 in, float64 out."""
+    tab = chunk_tables(log_lam, b, c, tm, shared)
+    vout, vin = tab["vout"], tab["vin"]  # lam^(t+1), lam^(Tm-1-s): (Hs, N, Tm)
     vout_r = torch.cat([vout.real, vout.imag], dim=-2)  # (Hs, 2N, Tm)
     vin_r = torch.cat([vin.real, vin.imag], dim=-2).transpose(-1, -2)  # (Hs, Tm, 2N)
-    kern = ((c * b).unsqueeze(-1) * v[..., :tm]).sum(-2).real  # (H, Tm)
-    idx = torch.arange(tm)
-    lag = idx.view(-1, 1) - idx.view(1, -1)  # (Tm, Tm): t - s
-    toe = torch.where(lag >= 0, kern[:, lag.clamp(min=0)], 0.0)  # (H, Tm, Tm)
-    return toe, vout_r, vin_r
+    return toeplitz(tab["kern"]), vout_r, vin_r
 
 
 # ---------------------------------------------------------------------- exported modules

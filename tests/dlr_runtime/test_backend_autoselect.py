@@ -11,7 +11,7 @@ import torch
 from dlr_runtime import DLRConfig, DLRModel, to_recurrent
 from dlr_runtime.backends.autoselect import build, measure, pick_fastest
 
-CFG = DLRConfig(d_model=16, d_state=8, n_layers=1, vocab_size=20)
+CFG = DLRConfig.preset("tiny-lm", n_layers=1, vocab_size=20, init="omega")
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +47,6 @@ def test_all_broken_falls_back_to_torch(rec):
 
 
 def test_measure_audio_uses_chunks():
-    cfg = DLRConfig(
-        d_model=8, d_state=4, n_layers=1, encoder="audio", decoder="classifier",
-        frame_stride=160, labels=["a", "b"],
-    )  # fmt: skip
+    cfg = DLRConfig.preset("micro-speech")
     audio_rec = to_recurrent(DLRModel(cfg, seed=0))
     assert measure(build(audio_rec, "torch"), (1, 2), reps=2) > 0

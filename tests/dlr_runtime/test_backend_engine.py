@@ -20,7 +20,7 @@ def engines(cfg: DLRConfig) -> tuple[Engine, Engine]:
 
 
 def test_lm_prefill_and_decode_match() -> None:
-    cfg = DLRConfig(d_model=16, d_state=8, n_layers=2, vocab_size=258)
+    cfg = DLRConfig.preset("tiny-lm", init="omega")
     a, b = engines(cfg)
     assert (a.backend.name, b.backend.name) == ("torch", "onnx")
     sa, sb = [a.open(), a.open()], [b.open(), b.open()]
@@ -32,10 +32,7 @@ def test_lm_prefill_and_decode_match() -> None:
 
 
 def test_audio_matches() -> None:
-    cfg = DLRConfig(
-        d_model=16, d_state=8, n_layers=2, encoder="audio", decoder="classifier",
-        labels=["yes", "no", "up"], frame_stride=40,
-    )  # fmt: skip
+    cfg = DLRConfig.preset("tiny-speech", labels=["yes", "no", "up"], frame_stride=40)
     a, b = engines(cfg)
     sa, sb = [a.open(), a.open()], [b.open(), b.open()]
     g = torch.Generator().manual_seed(0)
@@ -49,10 +46,7 @@ def test_audio_matches() -> None:
 def test_snapshots_move_between_backends() -> None:
     """A session snapshotted on an ONNX engine continues on a torch engine (and back) exactly
     as if it had stayed: snapshots always hold the torch state layout."""
-    cfg = DLRConfig(
-        d_model=16, d_state=8, n_layers=2, encoder="audio", decoder="classifier",
-        labels=["yes", "no", "up"], frame_stride=40,
-    )  # fmt: skip
+    cfg = DLRConfig.preset("tiny-speech", labels=["yes", "no", "up"], frame_stride=40)
     a, b = engines(cfg)
     assert a.config_hash == b.config_hash
     g = torch.Generator().manual_seed(1)
@@ -70,9 +64,9 @@ def test_snapshots_move_between_backends() -> None:
 
 
 def test_auto_picks_a_working_backend_by_measuring() -> None:
-    rec = to_recurrent(DLRModel(DLRConfig(d_model=8, d_state=4, n_layers=1), seed=0).eval())
+    rec = to_recurrent(DLRModel(DLRConfig.preset("micro-lm", n_layers=1, vocab_size=258), seed=0))
     backend = make_backend(rec, "auto")
-    assert backend.name in ("torch", "onnx")
+    assert backend.name in ("torch", "fused", "onnx")
     y, _ = backend.step(torch.tensor([1, 2]), backend.init_state(2))
     want, _ = rec.step(torch.tensor([1, 2]), rec.init_state(2))
     torch.testing.assert_close(y, want, rtol=0, atol=1e-4)

@@ -13,7 +13,7 @@ import torch
 from dlr_runtime import DLRConfig, DLRModel, to_recurrent
 from dlr_runtime.backends.torch_compiled import FastTorchBackend
 
-CFG = DLRConfig(d_model=16, d_state=8, n_layers=2, vocab_size=30, init="random")
+CFG = DLRConfig.preset("tiny-lm", vocab_size=30)
 TOL = {torch.complex64: 1e-5, torch.complex128: 1e-10}
 
 
@@ -57,15 +57,7 @@ def test_delegates_and_interface(models_dir):
 
 
 def test_audio_model_uses_reference_step():
-    cfg = DLRConfig(
-        d_model=8,
-        d_state=4,
-        n_layers=1,
-        encoder="audio",
-        decoder="classifier",
-        frame_stride=4,
-        labels=["a", "b"],
-    )
+    cfg = DLRConfig.preset("micro-speech", frame_stride=4)
     rec = to_recurrent(DLRModel(cfg, seed=0))
     be = FastTorchBackend(rec)
     x = torch.randn(2, 9)

@@ -21,14 +21,11 @@ from dlr_runtime.checkpoint import CONFIG_FILE, TENSORS_FILE
 
 
 def lm() -> DLRModel:
-    return DLRModel(DLRConfig(d_model=8, d_state=4, n_layers=2, vocab_size=30, layer="s4d"), seed=0)
+    return DLRModel(DLRConfig.preset("micro-lm", vocab_size=30, layer="s4d"), seed=0)
 
 
 def speech() -> DLRModel:
-    cfg = DLRConfig(
-        d_model=8, d_state=4, n_layers=2, encoder="audio", decoder="classifier",
-        labels=["yes", "no"], frame_stride=8, shared_lambda=True,
-    )  # fmt: skip
+    cfg = DLRConfig.preset("micro-speech", n_layers=2, frame_stride=8, labels=["yes", "no"])
     return DLRModel(cfg, seed=0)
 
 

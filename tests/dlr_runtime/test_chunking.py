@@ -11,15 +11,14 @@ from dlr_runtime import DLRConfig, DLRModel, to_recurrent
 
 LENGTH = 96
 TOKENS = to_recurrent(
-    DLRModel(DLRConfig(d_model=8, d_state=6, n_layers=2, vocab_size=20), seed=0).double(),
+    DLRModel(DLRConfig.preset("micro-lm", d_state=6), seed=0).double(),
     dtype=torch.complex128,
     max_block=16,
 )
 AUDIO = to_recurrent(
     DLRModel(
-        DLRConfig(
-            d_model=8, d_state=6, n_layers=2, encoder="audio", decoder="classifier",
-            labels=["a", "b"], frame_stride=5, shared_lambda=False,
+        DLRConfig.preset(
+            "micro-speech", d_state=6, n_layers=2, frame_stride=5, shared_lambda=False
         ),
         seed=0,
     ).double(),

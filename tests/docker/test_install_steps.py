@@ -1,9 +1,11 @@
 """The image's install steps, run here the way the Dockerfile runs them.
 
-The build stage of docker/Dockerfile is replayed outside Docker: its COPY lines copy the same
-files into a fresh source directory, its `RUN bash docker/install.sh ...` line runs with the
-image paths mapped into a temporary directory (a fresh virtual environment, no packages from
-the test environment), with the stage's ENV. Then the installed `dlr-serve` serves the tiny test
+The install steps of docker/Dockerfile are replayed outside Docker, in order: the build
+stage's and the runtime stage's COPY lines (but `COPY --from`, which the shared venv stands for)
+copy the same files into a temporary root, their `RUN bash docker/install.sh ...` lines (the
+dependencies, then the project) run with the image paths mapped into it (a fresh virtual
+environment, no packages from the test environment), with the build stage's ENV; other RUN
+lines (creating the image's user) are not replayed. Then the installed `dlr-serve` serves the tiny test
 models and the image's HEALTHCHECK command passes against it, and `/` serves the page from
 the installed package. Slow (a full install of torch from the local wheels): runs when
 DLR_TEST_INSTALL=1 is set.
@@ -113,7 +115,7 @@ def test_build_stage_install_runs_in_a_fresh_venv(tmp_path, models_dir, deps):
     deps="reused": the same steps, but the fresh venv sees the test environment's third-party
     packages (so pip finds torch & co. already there and installs only this project)."""
     build, runtime = parse_stages(DOCKERFILE.read_text())[:2]
-    workdir = next(a for k, a in build if k == "WORKDIR")
+    workdir = "/"
     root = tmp_path / "image"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if ".venv" not in p)
@@ -127,11 +129,15 @@ def test_build_stage_install_runs_in_a_fresh_venv(tmp_path, models_dir, deps):
         (site,) = venv_dir.glob("lib/python*/site-packages")
         (site / "zz_third_party.pth").write_text(str(third_party_site(tmp_path)) + "\n")
 
-    for key, args in build:
-        if key == "ENV":
+    installs = 0
+    steps = [("build", k, a) for k, a in build] + [("runtime", k, a) for k, a in runtime]
+    for stage, key, args in steps:
+        if key == "WORKDIR":
+            workdir = args
+        elif key == "ENV" and stage == "build":  # (the runtime's ENV is for the server's run)
             env.update(parse_env(args))
-        elif key == "COPY":
-            *srcs, dest = shlex.split(args)
+        elif key == "COPY" and "--from=" not in args:
+            *srcs, dest = [a for a in shlex.split(args) if not a.startswith("--")]
             target = host(dest if dest.startswith("/") else f"{workdir}/{dest}")
             for src in srcs:
                 s = REPO / src
@@ -139,7 +145,11 @@ def test_build_stage_install_runs_in_a_fresh_venv(tmp_path, models_dir, deps):
                     shutil.copytree(
                         s,
                         target,
-                        ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"),
+                        # (*.whl: an offline build's wheelhouse; the venv here gets its
+                        # packages as the test environment's pip is set up)
+                        ignore=shutil.ignore_patterns(
+                            "__pycache__", "build", "*.egg-info", "*.whl"
+                        ),
                     )
                 elif dest.endswith("/"):
                     target.mkdir(parents=True, exist_ok=True)
@@ -147,7 +157,8 @@ def test_build_stage_install_runs_in_a_fresh_venv(tmp_path, models_dir, deps):
                 else:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(s, target)
-        elif key == "RUN":
+        elif key == "RUN" and "docker/install.sh" in args:
+            installs += 1
             # absolute image paths (whole words) are mapped into the temporary root
             cmd = " ".join(str(host(w)) if w.startswith("/") else w for w in shlex.split(args))
             out = subprocess.run(
@@ -162,6 +173,7 @@ def test_build_stage_install_runs_in_a_fresh_venv(tmp_path, models_dir, deps):
             assert out.returncode == 0, f"RUN {args}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
             assert "install.sh: ok" in out.stdout
 
+    assert installs == 2  # the dependencies, then the project
     venv = host("/opt/venv")
     assert (venv / "bin" / "dlr-serve").is_file()
     # a regular install: the packages live in the venv, not in the source tree
