@@ -277,6 +277,10 @@ class Resumable:
                     }
                 )
                 ready = await conn.recv()
+                if ready.get("type") == "error" and ready.get("code") == "overloaded":
+                    # (a draining or full replica; through a load balancer the next try
+                    # may reach another one)
+                    raise ConnectionFailed(f"server refused the resume: {ready.get('message')}")
             except (ConnectionFailed, Timeout) as exc:  # server not back yet
                 await conn.close()
                 if time.monotonic() + wait > deadline:

@@ -12,6 +12,12 @@ If the connection drops (between turns or in the middle of a generation) and the
 resume token, the client reconnects and resumes the same session: the messages the server had
 not received are sent again, and the tokens missed meanwhile are replayed by the server (each
 server message is numbered, so none is delivered twice).
+
+When the server keeps durable checkpoints (its ``ready`` says ``"checkpoints": true``), a
+session also survives a crash of the server: messages are kept until a ``checkpoint`` message
+says the stored state has them, and after a resume on a restarted server (or another replica)
+the messages after that checkpoint are sent again. A generation the server redoes after a
+crash repeats exactly when it is seeded (``seed``) or greedy (``temperature=0``).
 """
 
 from __future__ import annotations
@@ -40,7 +46,9 @@ class AsyncChatSession(ClientBase):
         super().__init__(base_url, **kw)
         self._conn: WSConnection | None = None
         self._live = Resumable(self.cfg, CHAT_PATH)
-        self._acked = 0  # append/generate messages the server surely has (before the last done)
+        self._acked = 0  # append/generate messages the server surely has (before the last done,
+        # or, with durable checkpoints, in the last checkpoint)
+        self._durable = False  # the server's ready said "checkpoints": true
         self._unacked: list[dict[str, Any]] = []  # messages sent after those, kept for resends
         self.ready_info: dict[str, Any] = {}
         self.reconnects = 0
@@ -74,6 +82,7 @@ class AsyncChatSession(ClientBase):
         self.ready_info = ready
         self._live.started(ready)
         self._acked, self._unacked = 0, []
+        self._durable = bool(ready.get("checkpoints"))
 
     async def close(self) -> None:
         if self._conn is not None:
@@ -111,8 +120,16 @@ class AsyncChatSession(ClientBase):
             except Disconnected as exc:
                 await self._recover(exc)
                 continue
+            if msg.get("type") == "checkpoint":  # the stored state has the first n messages
+                self._checkpointed(msg.get("messages_received"))
+                continue
             if self._live.fresh(msg):
                 return msg
+
+    def _checkpointed(self, n: Any) -> None:
+        if isinstance(n, int) and n > self._acked:
+            del self._unacked[: n - self._acked]
+            self._acked = n
 
     async def append(self, text: str) -> None:
         """Feed ``text`` into the session's state (prefill); no tokens are generated."""
@@ -131,8 +148,9 @@ class AsyncChatSession(ClientBase):
             if kind == "token":
                 yield TokenEvent.from_message(msg)
             elif kind == "done":
-                self._acked += len(self._unacked)  # the server has every message up to here
-                self._unacked = []
+                if not self._durable:  # (durable: kept until a checkpoint has them)
+                    self._acked += len(self._unacked)  # the server has every message up to here
+                    self._unacked = []
                 yield TokenEvent(
                     text="",
                     finish_reason=str(msg.get("finish_reason") or "stop"),

@@ -59,6 +59,8 @@ class _Upload:
         self.kept = 0  # bytes held in unacked
         self.max_kept = int(MAX_RESEND_S * self.bytes_per_second)
         self.done = False  # the source is exhausted and "end" was sent
+        self.delivered_ms = -1.0  # audio_ms of the latest result given to the caller
+        self.durable = False  # server checkpoints: forget audio only once a checkpoint has it
 
     def record(self, data: bytes, resumable: bool) -> None:
         """Count a payload as sent; keep it for a resend only while a resume is possible."""
@@ -70,9 +72,19 @@ class _Upload:
         self.sent += len(data)
 
     def ack_ms(self, audio_ms: float) -> None:
-        """The server reported ``audio_ms`` processed: forget payloads wholly before it."""
+        """The server reported ``audio_ms`` processed: forget payloads wholly before it
+        (with durable checkpoints only a ``checkpoint`` message does that: `ack_bytes`)."""
+        if self.durable:
+            return
         upto = int(audio_ms / 1000.0 * self.bytes_per_second)
         upto -= upto % ENCODINGS[self.encoding]
+        self._ack(upto)
+
+    def ack_bytes(self, upto: int) -> None:
+        """A stored checkpoint holds the first ``upto`` bytes."""
+        self._ack(upto)
+
+    def _ack(self, upto: int) -> None:
         self.acked = max(self.acked, min(upto, self.sent))
         while self.unacked and self.unacked[0][0] + len(self.unacked[0][1]) <= self.acked:
             self.kept -= len(self.unacked.popleft()[1])
@@ -105,6 +117,7 @@ class AsyncSpeechClient(ClientBase):
         self._live = Resumable(self.cfg, SPEECH_PATH)
         self.labels: list[str] = []
         self.reconnects = 0  # resumes performed over this client's life
+        self._durable = False  # the current session's server keeps durable checkpoints
 
     @property
     def session_id(self) -> str | None:
@@ -194,6 +207,7 @@ class AsyncSpeechClient(ClientBase):
             start["model"] = self.model
         await self.connect()
         await self._begin(start)
+        upload.durable = self._durable
         t0 = time.monotonic()
         finished = False
         try:
@@ -228,6 +242,7 @@ class AsyncSpeechClient(ClientBase):
             raise ProtocolError(f"expected 'ready' after 'start', got {ready!r}")
         self._live.started(ready)
         self.labels = list(ready.get("labels") or [])
+        self._durable = bool(ready.get("checkpoints"))
 
     async def _send(self, upload: _Upload, realtime: bool, t0: float) -> None:
         """Send the rest of the audio (after what was already sent), then ``end``."""
@@ -262,11 +277,18 @@ class AsyncSpeechClient(ClientBase):
             if recv not in done:  # sender finished cleanly: keep reading
                 await asyncio.wait({recv})
             msg = recv.result()
+            kind = msg.get("type")
+            if kind == "checkpoint":
+                if isinstance(msg.get("bytes_received"), int):
+                    upload.ack_bytes(msg["bytes_received"])
+                continue
             if not self._live.fresh(msg):
                 continue  # replayed after a resume, already delivered
-            kind = msg.get("type")
             if kind in ("partial", "final"):
                 result = SpeechResult.from_message(msg, self.session_id)
+                if kind == "partial" and result.audio_ms <= upload.delivered_ms:
+                    continue  # redone after a server crash: already delivered
+                upload.delivered_ms = max(upload.delivered_ms, result.audio_ms)
                 upload.ack_ms(result.audio_ms)
                 yield result
             elif kind in ("going_away", "ready", "ping", "pong", "warning", "info"):

@@ -4,8 +4,10 @@ models and schedulers, session store, metrics) and the routes; routes reach them
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -15,11 +17,13 @@ from starlette.middleware.cors import CORSMiddleware
 
 from .context import AppContext
 from .drain import restore_dir
+from .durable import Durable
 from .errors import validation_handler
 from .metrics import Metrics
 from .registry import load_models
 from .routes import generate, info, sessions, speech, text_stream
 from .security import Security
+from .sessions.restore import recover
 from .sessions.store import SessionStore
 from .settings import Settings
 
@@ -34,10 +38,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        st.durable = await Durable.open(settings, st.metrics)  # (Redis may be down: degraded)
+        st.state_store = st.durable.store
+        st.durable.on_written, st.durable.on_evict = store.written, store.evicted
+        store.recover = partial(recover, store)
         st.models = load_models(settings, st.metrics)
         for m in st.models.values():
             m.scheduler.start()
         restored = await restore_dir(store)
+        parker = None
+        if settings.park_after_idle_s > 0:
+            every = min(5.0, max(0.05, settings.park_after_idle_s / 4))
+            parker = asyncio.get_running_loop().create_task(store.park_idle(every))
         st.ready = True
         log.info(
             "serving %d model(s): %s; %d session(s) restored",
@@ -49,8 +61,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             st.ready = False
+            if parker is not None:
+                parker.cancel()
             for m in st.models.values():
                 await m.scheduler.stop()
+            await st.durable.close(settings.drain_timeout_s)
 
     app = FastAPI(title="dlr-serve", version="0.1.0", lifespan=lifespan)
     app.state.dlr = st

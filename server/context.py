@@ -17,10 +17,12 @@ from typing import Annotated
 from fastapi import Depends
 from starlette.requests import HTTPConnection
 
+from .durable import Durable
 from .errors import NoModelError
 from .metrics import Metrics
 from .registry import ModelEntry
 from .settings import Settings
+from .store import StateStore
 
 session_log = logging.getLogger("dlr.session")
 
@@ -33,6 +35,8 @@ class AppContext:
     sessions: int = 0  # open sessions of every kind and model (each model counts its own)
     ready: bool = False
     draining: bool = False  # SIGTERM received: no new sessions, live ones are persisted
+    state_store: StateStore | None = None  # DLR_STATE_STORE, opened at start-up
+    durable: Durable | None = None  # checkpoints, parked tier, signer (server/durable.py)
 
     def pick_model(self, name: str | None, kind: str) -> ModelEntry:
         """The named model (checked to be of `kind`), or the first model of that kind."""

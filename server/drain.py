@@ -9,6 +9,10 @@ written there, one file per session (`<session_id>.state`, written to a temporar
 and renamed, so a file is complete or absent). `DrainingServer` runs the drain before uvicorn's
 own shutdown closes the sockets.
 
+With a durable state store (`DLR_STATE_STORE` dir: or redis://) every live session also gets a
+last checkpoint there (`checkpoint_all`), so a restarted server, or another replica sharing
+the store, resumes it when its client comes back.
+
 `restore_dir(store)`: at start-up, every `*.state` file is restored as a detached session (same
 id, same token, same replay buffer; the resume grace starts now) and removed; a file that
 fails to restore is renamed to `*.state.bad` with a logged error, and the others still load.
@@ -61,14 +65,15 @@ async def drain(store: SessionStore) -> int:
     for sess in live:
         sess.cancel()
     await _wait(lambda: not any(s.busy() for s in live), time.monotonic() + 5)
-    resumable = settings.state_dir is not None
+    n = await checkpoint_all(store)  # (before going_away: a client may resume elsewhere at once)
+    d = st.durable
+    resumable = settings.state_dir is not None or (d is not None and d.checkpoints)
     for sess in list(store.live.values()):
         conn = sess.conn
         sess.conn = None
         if conn is not None:
             await conn.going_away(sess.sid, resumable)
-    n = 0
-    if resumable:
+    if settings.state_dir is not None:
         root = Path(settings.state_dir)
         root.mkdir(parents=True, exist_ok=True)
         for sess in list(store.live.values()):
@@ -83,6 +88,22 @@ async def drain(store: SessionStore) -> int:
             st.metrics.persisted.labels("written").inc()
             n += 1
     log.info("drain: %d session(s) persisted in %.2f s", n, time.monotonic() - t0)
+    return n
+
+
+async def checkpoint_all(store: SessionStore) -> int:
+    """With a durable store: a last checkpoint of every live session, flushed to the store
+    (any replica sharing it resumes them); returns how many were written."""
+    st = store.ctx
+    d = st.durable
+    if d is None or not d.checkpoints:
+        return 0
+    n = 0
+    for sess in list(store.live.values()):
+        n += bool(await sess.checkpoint())
+    if not await d.writer.flush(st.settings.drain_timeout_s):
+        log.error("drain: %d checkpoint(s) not stored (state store down)", d.writer.backlog)
+    st.metrics.persisted.labels("written").inc(n)
     return n
 
 

@@ -5,6 +5,22 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+PARK_BUCKETS = (
+    0.0005,
+    0.001,
+    0.002,
+    0.003,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.1,
+    0.25,
+    1.0,
+)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -97,6 +113,50 @@ class Metrics:
             "dlr_sessions_persisted_total",
             "Session states written or restored",
             ["event"],
+            registry=r,
+        )
+
+        # ---- durable sessions (server/durable.py)
+        self.parked_sessions = Gauge(
+            "dlr_parked_sessions",
+            "Sessions parked (no slot; state in RAM or the store)",
+            registry=r,
+        )
+        self.checkpoints = Counter(
+            "dlr_checkpoints_total", "Session checkpoints", ["event"], registry=r
+        )
+        self.checkpoint_backlog = Gauge(
+            "dlr_checkpoint_backlog", "Checkpoints not yet confirmed by the store", registry=r
+        )
+        self.store_degraded = Gauge(
+            "dlr_state_store_degraded", "1 while the state store is failing", registry=r
+        )
+        self.store_entries = Gauge("dlr_state_store_sessions", "Sessions stored", registry=r)
+        self.store_bytes = Gauge("dlr_state_store_bytes", "Bytes stored", registry=r)
+        self.parked_ram_bytes = Gauge(
+            "dlr_parked_ram_bytes", "Parked snapshots held in RAM", registry=r
+        )
+        self.store_write_p99 = Gauge(
+            "dlr_state_store_write_p99_seconds", "Recent store write latency, p99", registry=r
+        )
+        self.store_read_p99 = Gauge(
+            "dlr_state_store_read_p99_seconds", "Recent store read latency, p99", registry=r
+        )
+        self.store_failures_total = Gauge(
+            "dlr_state_store_failed_calls", "Failed state-store calls so far", registry=r
+        )
+        self.store_failures = Counter(
+            "dlr_state_store_failures_total", "State reads that failed", ["op"], registry=r
+        )
+        self.store_evictions = Counter(
+            "dlr_state_store_evictions_total", "Stored sessions evicted", ["reason"], registry=r
+        )
+        self.park_seconds = Histogram(
+            "dlr_park_seconds",
+            "Time to park a session, read its state back (restore), or bring it back into "
+            "a slot (unpark: read + verify + engine restore)",
+            ["op"],
+            buckets=PARK_BUCKETS,
             registry=r,
         )
 

@@ -80,6 +80,40 @@ class Settings(BaseSettings):
     max_state_bytes: int = Field(
         16 << 20, ge=1024, description="largest session state blob accepted by POST /v1/sessions"
     )
+    # ---- durable sessions (server/durable.py)
+    state_store: str = Field(
+        "memory",
+        description="where session checkpoints and parked sessions live: memory (this "
+        "process only), dir:PATH, or redis://HOST:PORT/DB (shared by replicas)",
+    )
+    state_secret: str = Field(
+        "",
+        repr=False,
+        description="HMAC secret of exported and stored session states (the same on every "
+        "replica; unset = a random one, logged, valid in this process only)",
+    )
+    state_max_sessions: int = Field(
+        0, ge=0, description="most sessions kept in the state store (0 = no cap)"
+    )
+    state_max_bytes: int = Field(
+        0, ge=0, description="most bytes kept in the state store (0 = no cap)"
+    )
+    state_ttl_s: float = Field(
+        86400.0, ge=0, description="lifetime of a stored session after its last write (0 = none)"
+    )
+    checkpoint_audio_s: float = Field(
+        5.0,
+        gt=0,
+        le=30,
+        description="a speech stream is checkpointed every this many seconds of audio (store "
+        "other than memory)",
+    )
+    park_after_idle_s: float = Field(
+        60.0, ge=0, description="park a text session idle this long (slot freed; 0 = never)"
+    )
+    parked_ram_bytes: int = Field(
+        64 << 20, ge=0, description="parked snapshots kept in RAM before only the store has them"
+    )
     # ---- admission and backpressure
     backpressure_audio_s: float = Field(
         5.0, gt=0, description="queued audio at which a speech session stops reading its socket"

@@ -18,11 +18,15 @@ async def healthz() -> dict:
 
 @router.get("/readyz")
 async def readyz(st: CtxDep) -> JSONResponse:
+    """200 while new work is taken, 503 while starting or draining. A failing state store
+    does not make the server unready (live sessions and requests that need no store keep
+    working): `degraded` is true and `degraded_reason` says why."""
     body = {
         "ready": st.ready,
         "models": sorted(st.models),
         "sessions": st.sessions,
         "max_sessions": st.settings.max_sessions,
+        **(st.durable.readiness() if st.durable is not None else {}),
     }
     return JSONResponse(body, status_code=200 if st.ready else 503)
 
@@ -32,6 +36,8 @@ async def metrics(st: CtxDep) -> Response:
     for m in st.models.values():
         st.metrics.queue_depth.labels(m.name).set(m.scheduler.queue_depth())
         st.metrics.slots_in_use.labels(m.name).set(m.engine.pool.in_use)
+    if st.durable is not None:
+        await st.durable.update_metrics()
     return Response(st.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 

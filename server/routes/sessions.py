@@ -6,9 +6,14 @@
   A text session is exported between turns (409 while generating).
 - `POST /v1/sessions` with such a blob as the body: creates a detached session on this server
   (201 `{"session_id","resume_token","model","kind","resume_grace_s"}`); connect to the kind's
-  WebSocket and send `resume` to continue. A tampered or malformed blob is refused with 400
-  `invalid_state`, a blob of a model this server does not serve (or of another config) with
-  409 `state_model_mismatch`.
+  WebSocket and send `resume` to continue.
+
+Exported blobs are signed (an HMAC envelope with `DLR_STATE_SECRET`, bound to the model's
+content hash and the snapshot format; server/store/signing.py): only a server with the same
+secret imports them. Refusals name the reason (`unsigned`, `bad_signature`, `truncated`,
+`malformed`, `wrong_version`, ...) in the message: 400 `invalid_state`; a blob of a model this
+server does not serve (or of other weights) 409 `state_model_mismatch`; an expired one 410
+`state_expired`; a too large one 413 `too_large`.
 
 `restore_blob` (server/sessions/restore.py) is also how the drain's persisted states come back at start-up.
 """
@@ -24,8 +29,15 @@ from dlr_runtime.engine import SnapshotError
 
 from ..admission import refusal
 from ..errors import api_error
-from ..sessions.restore import NoCapacity, StateMismatch, restore_blob
+from ..sessions.restore import NoCapacity, StateMismatch, restore_blob, unseal
 from ..sessions.store import StoreDep
+from ..store import EnvelopeError, Reason
+
+CODES = {
+    Reason.WRONG_MODEL: "state_model_mismatch",
+    Reason.EXPIRED: "state_expired",
+    Reason.TOO_LARGE: "too_large",
+}
 
 router = APIRouter()
 
@@ -49,8 +61,9 @@ async def export_state(
     except SnapshotError as e:
         return api_error(409, str(e), "session_busy")
     store.ctx.metrics.resumes.labels(sess.kind, "export").inc()
+    assert store.ctx.durable is not None  # (opened before the server serves)
     return Response(
-        blob,
+        store.ctx.durable.seal(sess.m, blob),
         media_type="application/octet-stream",
         headers={"X-Session-Kind": sess.kind, "X-Model": sess.m.name},
     )
@@ -81,7 +94,13 @@ async def import_state(request: Request, store: StoreDep) -> Response:
         if len(body) > limit:
             return api_error(413, f"state blob larger than max_state_bytes={limit}", "too_large")
     try:
-        sess = await restore_blob(store, bytes(body))
+        payload = unseal(st, bytes(body)).payload
+    except EnvelopeError as e:
+        st.metrics.rejections.labels(f"state_{e.reason}").inc()
+        message = f"state refused ({e.reason}): {e}"
+        return api_error(e.status, message, CODES.get(e.reason, "invalid_state"))
+    try:
+        sess = await restore_blob(store, payload)
     except SnapshotError as e:
         return api_error(400, str(e), "invalid_state")
     except StateMismatch as e:

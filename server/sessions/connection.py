@@ -25,7 +25,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from dlr_runtime.engine import PoolFullError
 
-from ..admission import pool_full, refusal
+from ..admission import model_full, pool_full, refusal
 from ..errors import Closed, NoModelError, validation_message
 from ..registry import ModelEntry
 from ..ws import Conn
@@ -50,6 +50,7 @@ async def serve(ws: WebSocket, store: SessionStore, kind: SessionKind) -> None:
     err: Closed | None = None
     try:
         await conn.accept()
+        await room_for(store, kind.model_kind)
         r = refusal(ctx, kind=kind.model_kind)
         if r is not None:
             raise await conn.refuse(r)
@@ -94,6 +95,16 @@ async def serve(ws: WebSocket, store: SessionStore, kind: SessionKind) -> None:
         await connection_over(store, conn, sess, err)
 
 
+async def room_for(store: SessionStore, model_kind: str) -> None:
+    """Every model of the kind is at its session cap: park an idle session of one of them
+    (a parked session holds no slot and does not count) rather than refuse."""
+    models = [m for m in store.ctx.models.values() if m.kind == model_kind]
+    if models and all(model_full(store.ctx, m) for m in models):
+        for m in models:
+            if await store.make_room(m):
+                return
+
+
 async def start(store: SessionStore, conn: Conn, kind: SessionKind, msg: Any) -> LiveSession:
     """Pick the model, check admission, take a slot, build + register + attach the session,
     then send `ready` (errors close `conn`; nothing is left behind on any failure)."""
@@ -103,10 +114,14 @@ async def start(store: SessionStore, conn: Conn, kind: SessionKind, msg: Any) ->
     except NoModelError as e:
         raise await conn.fail("unknown_model", str(e)) from None
     conn.model = m.name
+    if model_full(ctx, m):  # park an idle session rather than refuse
+        await store.make_room(m)
     r = refusal(ctx, model=m)
     if r is not None:
         raise await conn.refuse(r)
     try:
+        if not m.engine.pool.available:  # (a slot held by an HTTP generation or a stream)
+            await store.make_room(m)
         async with owned_slot(m) as slot:
             sess = store.register(await kind.create(store, m, slot, msg))
     except PoolFullError:
@@ -119,6 +134,7 @@ async def start(store: SessionStore, conn: Conn, kind: SessionKind, msg: Any) ->
     except BaseException:
         await store.finish(sess, "client_gone")  # it never got its resume token
         raise
+    await sess.checkpoint()  # (durable store: resumable after a crash from here on)
     return sess
 
 
@@ -133,6 +149,8 @@ async def resume(
     except ValidationError as e:
         raise await conn.fail("invalid_message", validation_message(e)[1]) from None
     sess = store.verify(msg.session_id, msg.resume_token)
+    if sess is None and store.recover is not None:  # not here: rebuild it from the store
+        sess = await store.recover(msg.session_id, msg.resume_token)
     if sess is None or sess.kind != kind:
         metrics.rejections.labels("resume_refused").inc()
         raise await conn.fail(
@@ -140,6 +158,8 @@ async def resume(
             "unknown session id or wrong resume token (the session may have expired)",
         )
     conn.model = sess.m.name
+    if msg.last_seq is not None and msg.last_seq > sess.outbox.seq:  # restored from a checkpoint
+        sess.resync(msg.last_seq)
     last = sess.sent_seq if msg.last_seq is None else min(msg.last_seq, sess.outbox.seq)
     await conn.send(
         {
@@ -150,6 +170,7 @@ async def resume(
             "last_seq": sess.outbox.seq,
             "replay_from": last + 1,
             "replay_truncated": sess.outbox.truncated(last),
+            **sess.durability(),
             **sess.resume_info(),
         }
     )
@@ -170,7 +191,7 @@ async def connection_over(
     was resumed on another connection meanwhile belongs to that one and is left alone."""
     if sess is None or sess.closed or sess.conn is not conn:
         return
-    if err is None or err.resumable:
+    if err is None or err.resumable or sess.parked:  # (parked: its state waits for a resume)
         store.detach(sess)
         return
     sess.cancel()

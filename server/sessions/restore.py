@@ -3,18 +3,28 @@
 `restore_blob(store, blob, persisted)` checks the blob (sha256, model, config hash, session
 kind), admission and capacity, takes a slot through `owned_slot` (any failure after that gives
 the slot back) and returns a *detached* session waiting for a `resume`.
+
+`unseal(ctx, blob)` verifies a signed envelope (server/store/signing.py) against the models
+this server serves; `recover(store, sid, token)` rebuilds a session of another process (a
+crashed one, or another replica) from the durable store when its client resumes here.
 """
 
 from __future__ import annotations
 
+import hmac
+import logging
 from typing import Any
 
 from dlr_runtime.engine import PoolFullError, SnapshotError
 from dlr_runtime.engine.snapshot import read_header
 
 from ..admission import Refusal, pool_full, refusal
+from ..context import AppContext
+from ..store import EnvelopeError, Reason, StoreError, Verified, check_id
 from .kinds import CLASSES
-from .store import LiveSession, Outbox, SessionStore, owned_slot
+from .store import LiveSession, Outbox, SessionStore, hash_token, owned_slot
+
+log = logging.getLogger("dlr.server")
 
 # what a malformed session field raises while it is read
 MALFORMED = (KeyError, TypeError, ValueError, OverflowError, AttributeError, IndexError)
@@ -85,4 +95,54 @@ async def restore_blob(store: SessionStore, blob: bytes, persisted: bool = False
     except MALFORMED as e:
         raise SnapshotError(f"state snapshot session fields are malformed: {e}") from e
     store.detach(sess)
+    return sess
+
+
+def unseal(ctx: AppContext, blob: bytes, sid: str | None = None) -> Verified:
+    """The verified payload of a signed state blob of any model served here (EnvelopeError:
+    `.reason` names the refusal, `.status` the HTTP status)."""
+    if ctx.durable is None:
+        raise EnvelopeError(Reason.MALFORMED, "the server is not ready")
+    wrong: EnvelopeError | None = None
+    for m in ctx.models.values():
+        try:
+            return ctx.durable.unseal(blob, m, sid)
+        except EnvelopeError as e:
+            if e.reason != Reason.WRONG_MODEL:
+                raise
+            wrong = e
+    raise wrong or EnvelopeError(Reason.WRONG_MODEL, "this server serves no model")
+
+
+async def recover(store: SessionStore, sid: str, token: str) -> LiveSession | None:
+    """The session `sid` rebuilt (detached) from its stored checkpoint if `token` is its
+    resume token; None when there is none, the token is wrong or the state is refused."""
+    ctx = store.ctx
+    try:
+        check_id(sid)
+    except (StoreError, TypeError, ValueError):
+        return None
+    if sid in store.live:  # here already (the token did not match it)
+        return None
+    if ctx.durable is None or (r := await ctx.durable.load(sid)) is None:
+        return None
+    try:
+        payload = unseal(ctx, r.data, sid).payload
+        extra = read_header(payload).get("extra") or {}
+        expect = bytes.fromhex(str(extra.get("token_sha256", "")))
+    except (EnvelopeError, SnapshotError, ValueError) as e:
+        log.warning("stored state of %s refused: %s", sid, e)
+        ctx.metrics.store_failures.labels("refused").inc()
+        return None
+    if len(expect) != 32 or not hmac.compare_digest(hash_token(str(token)), expect):
+        return None
+    if sid in store.live:  # restored meanwhile by a concurrent resume
+        return store.verify(sid, token)
+    try:
+        sess = await restore_blob(store, payload, persisted=True)
+    except (SnapshotError, StateMismatch, NoCapacity) as e:
+        log.warning("session %s not recovered: %s", sid, e)
+        return store.verify(sid, token)
+    ctx.metrics.resumes.labels(sess.kind, f"recovered_{r.tier}").inc()
+    log.info("recovered session %s (%s) from the %s", sid, sess.kind, r.tier)
     return sess

@@ -72,6 +72,7 @@ def _unb64(s: str, limit: int) -> torch.Tensor:
 
 class SpeechSession(LiveSession):
     kind = "speech"
+    position_keys = ("bytes_received",)
 
     def __init__(
         self,
@@ -94,6 +95,7 @@ class SpeechSession(LiveSession):
         self.drained = asyncio.Event()  # a batch of this stream was processed (backpressure)
         self.final_sent: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self.audio_lock = asyncio.Lock()  # one chunk at a time into the resampler; export waits
+        self.checkpoint_at = bytes_received  # bytes_received of the last checkpoint taken
         self.pump: asyncio.Task | None = asyncio.get_running_loop().create_task(self._pump())
 
     @classmethod
@@ -168,6 +170,8 @@ class SpeechSession(LiveSession):
                     self.latest = scores or self.latest
                     self.completed = True
                     ok = await asyncio.shield(self.emit(self.message("final", self.latest)))
+                    if not ok:  # its final waits for a resume: keep it through a crash too
+                        await self.checkpoint()
                     self.final_sent.set_result(ok)
                     self.pump = None
                     return
@@ -204,6 +208,7 @@ class SpeechSession(LiveSession):
             async with self.audio_lock:
                 await self.m.scheduler.push_audio(self.stream, torch.from_numpy(x))
                 self.bytes_received += len(data)
+            self.checkpoint_due()
         except Exception as e:  # noqa: BLE001  (its resampling failed)
             raise await self.fail(conn, "internal_error", str(e)) from None
         settings = self.settings
@@ -253,6 +258,22 @@ class SpeechSession(LiveSession):
             raise Closed("final_undelivered", by_client=True, code=1006)
         await self.store.finish(self, "completed")
         return False
+
+    # ------------------------------------------------------------------ durable checkpoints
+    def checkpoint_due(self) -> None:
+        """Every `checkpoint_audio_s` of audio received: write a checkpoint in the background."""
+        d = self.store.ctx.durable
+        if d is None or not d.checkpoints:
+            return
+        width = 2 if self.start.encoding == "pcm_s16le" else 4
+        every = int(self.settings.checkpoint_audio_s * self.start.sample_rate) * width
+        if self.bytes_received - self.checkpoint_at >= every:
+            self.checkpoint_at = self.bytes_received
+            self.store.spawn(self.checkpoint())
+
+    def resync(self, client_seq: int) -> None:
+        # partials are throttled by the clock: redone ones may be more or fewer than the lost
+        self.outbox.seq = max(self.outbox.seq, client_seq)
 
     # ------------------------------------------------------------------ state
     async def export(self, persist: bool = False) -> bytes:

@@ -14,6 +14,13 @@ message of a new connection; the server answers `ready` with `"resumed": true` a
 session's position (speech: `bytes_received`, text: `messages_received`), then re-sends every
 kept message with `seq > last_seq` (default: the messages whose send failed), then continues.
 
+Durable sessions (server/durable.py; a store other than memory): a session writes a signed
+checkpoint (its state, id, token hash, outbox and position) at its safe points
+(`checkpoint()`); once the store confirms it, the client gets `{"type":"checkpoint", ...
+position}` (unnumbered), so it keeps what it sent after that for a resend. A resume of an
+id this process does not hold goes to `SessionStore.recover` (set by the app): the session is
+rebuilt from the store, on this process or any replica sharing it.
+
 Ownership: a state slot is taken inside `owned_slot(m)`, whose failure path always gives it back;
 once a session is registered (`SessionStore.register`) the session owns the slot and
 `SessionStore.finish` frees it. The store is built by `create_app` and reached by routes through
@@ -31,7 +38,7 @@ import secrets
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
@@ -39,10 +46,14 @@ from fastapi import Depends
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import HTTPConnection
 
+from dlr_runtime.engine import PoolFullError, SnapshotError
+from dlr_runtime.engine.snapshot import read_header
+
 from ..context import AppContext
 from ..errors import Closed
 from ..registry import ModelEntry
 from ..settings import Settings
+from ..store import Evicted
 from ..ws import Conn
 
 log = logging.getLogger("dlr.server")
@@ -113,6 +124,52 @@ class LiveSession:
         self.t0 = time.perf_counter()
         self.detached_since: float | None = None
         self._expiry: asyncio.Task | None = None
+        self.parked = False  # its state is in the parked tier, it holds no slot
+        self.idle_since = time.monotonic()  # end of its last turn (parking picks the oldest)
+
+    # ---- durable checkpoints
+    position_keys: tuple[str, ...] = ()  # fields of a snapshot's extra the client is told
+
+    async def checkpoint(self) -> bool:
+        """Write a sealed checkpoint through (off the engine's path); False when not written
+        (no durable store, the session is closed or cannot be exported now)."""
+        d = self.store.ctx.durable
+        if d is None or not d.checkpoints or self.closed:
+            return False
+        try:
+            blob = await self.export(persist=True)
+        except (SnapshotError, RuntimeError) as e:
+            log.debug("checkpoint of %s skipped: %s", self.sid, e)
+            return False
+        if self.closed:  # ended while its snapshot was taken: nothing to keep
+            return False
+        extra = read_header(blob).get("extra") or {}
+        position = {k: extra[k] for k in self.position_keys if k in extra}
+        return d.checkpoint(self.sid, d.seal(self.m, blob, self.sid), tag=position)
+
+    def checkpointed(self, position: dict[str, Any]) -> None:
+        """The store confirmed a checkpoint: tell the connected client (best effort)."""
+        conn = self.conn
+        if conn is not None and position and not self.closed:
+            self.store.spawn(_send_quietly(conn, {"type": "checkpoint", **position}))
+
+    # ---- parking (text sessions between turns; see TextLive)
+    def parkable(self) -> bool:
+        return False
+
+    async def park(self) -> bool:
+        """Seal the state into the parked tier and free the slot; False when not now."""
+        return False
+
+    def counted(self, delta: int) -> None:
+        """A parked session holds no slot: it does not count against the session caps."""
+        self.m.sessions += delta
+        self.store.ctx.sessions += delta
+        self.store.ctx.metrics.parked_sessions.dec(delta)
+
+    def resync(self, client_seq: int) -> None:
+        """The client saw messages up to `client_seq`, past this (restored) outbox: a session
+        whose redone messages may differ from the lost ones numbers new ones after it."""
 
     async def emit(self, msg: dict[str, Any]) -> bool:
         """Number, keep and send a message; False when it could not be sent now."""
@@ -172,7 +229,14 @@ class LiveSession:
             "session_id": self.sid,
             "resume_token": self.token,
             "model": self.m.name,
+            **self.durability(),
         }
+
+    def durability(self) -> dict[str, Any]:
+        """`checkpoints: true` when the session survives a server crash (clients then keep
+        what they sent until a `checkpoint` message covers it)."""
+        d = self.store.ctx.durable
+        return {"checkpoints": True} if d is not None and d.checkpoints else {}
 
     def resume_info(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -206,6 +270,15 @@ class LiveSession:
         return {}
 
 
+async def _send_quietly(conn: Conn, msg: dict[str, Any]) -> None:
+    with contextlib.suppress(Closed):
+        await conn.send(msg)
+
+
+KEEP_STATE = ("drained", "parked")  # ends after which the stored state stays
+Recover = Callable[[str, str], Awaitable["LiveSession | None"]]
+
+
 class SessionStore:
     """Every live WebSocket session of the server, by id."""
 
@@ -213,6 +286,58 @@ class SessionStore:
         self.ctx = ctx
         self.live: dict[str, LiveSession] = {}
         self._bg: set[asyncio.Task] = set()
+        # (sid, token) -> a session rebuilt from the durable store, or None (set by the app)
+        self.recover: Recover | None = None
+
+    # ---- parking
+    async def make_room(self, m: ModelEntry) -> bool:
+        """Park the longest-idle parkable session of model `m`; False when there is none."""
+        while True:
+            idle = [x for x in self.live.values() if x.m is m and x.parkable()]
+            if not idle:
+                return False
+            if await min(idle, key=lambda x: x.idle_since).park():
+                self.ctx.metrics.evictions.labels(m.name, "parked_for_room").inc()
+                return True
+
+    async def take_slot(self, m: ModelEntry) -> int | None:
+        """A free slot of `m`, parking an idle session for it if needed (None: none)."""
+        while True:
+            try:
+                return await m.scheduler.open_slot()
+            except PoolFullError:
+                if not await self.make_room(m):
+                    return None
+
+    async def park_idle(self, every_s: float) -> None:
+        """Forever: park sessions idle longer than `park_after_idle_s`."""
+        after = self.ctx.settings.park_after_idle_s
+        while True:
+            await asyncio.sleep(every_s)
+            now = time.monotonic()
+            for sess in list(self.live.values()):
+                if sess.parkable() and now - sess.idle_since >= after:
+                    with contextlib.suppress(Exception):
+                        if await sess.park():
+                            self.ctx.metrics.evictions.labels(sess.m.name, "parked_idle").inc()
+
+    def evicted(self, ev: Evicted) -> None:
+        """The store dropped `ev.key` for its quotas or TTL: tell its client if connected."""
+        sess = self.live.get(ev.key)
+        if sess is not None and sess.conn is not None:
+            msg = {
+                "type": "warning",
+                "code": "state_evicted",
+                "message": f"the stored state of this session was evicted ({ev.reason}); "
+                "it survives a server restart only after its next checkpoint",
+            }
+            self.spawn(_send_quietly(sess.conn, msg))
+
+    def written(self, sid: str, position: object) -> None:
+        """The durable store confirmed a checkpoint of `sid` (the writer's callback)."""
+        sess = self.live.get(sid)
+        if sess is not None and isinstance(position, dict):
+            sess.checkpointed(position)
 
     def register(self, sess: LiveSession) -> LiveSession:
         """Count and keep a new session: from here on it owns its slot (`finish` frees it)."""
@@ -285,6 +410,8 @@ class SessionStore:
         self.live.pop(sess.sid, None)
         self._undetach(sess)
         sess.conn = None
+        if self.ctx.durable is not None and reason not in KEEP_STATE:
+            self.ctx.durable.forget(sess.sid)
         with contextlib.suppress(Exception):
             await sess.release()
         self.ctx.session_ended(sess.sid, sess.m, sess.kind, sess.t0, reason, **sess.log_extra())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,10 +18,13 @@ import torch
 
 from dlr_runtime.engine import SamplingParams, SnapshotError
 
+from ..admission import pool_full
 from ..context import AppContext
+from ..errors import Closed
 from ..events import Done, Failed, GenEvent, Token
 from ..protocol import SamplingFields, TextAppend, TextGenerate, TextStart
 from ..registry import ModelEntry
+from ..store import EnvelopeError
 from ..work import Generation, TextSession
 from ..ws import Conn
 from .store import LiveSession, SessionStore, owned_slot
@@ -28,6 +32,7 @@ from .store import LiveSession, SessionStore, owned_slot
 
 class TextLive(LiveSession):
     kind = "text"
+    position_keys = ("messages_received",)
 
     def __init__(
         self,
@@ -44,6 +49,7 @@ class TextLive(LiveSession):
         self.messages_received = messages_received
         self.g: Generation | None = None
         self.pump: asyncio.Task | None = None
+        self.turn_lock = asyncio.Lock()  # a turn, or parking, at a time
 
     @classmethod
     async def create(
@@ -63,10 +69,13 @@ class TextLive(LiveSession):
             await asyncio.shield(self.pump)
 
     async def handle(self, conn: Conn, msg: TextAppend | TextGenerate) -> bool:
-        if isinstance(msg, TextAppend):
-            await self.append(conn, msg)
-        else:
-            await self.generate(conn, msg)
+        async with self.turn_lock:
+            await self.unpark(conn)
+            if isinstance(msg, TextAppend):
+                await self.append(conn, msg)
+            else:
+                await self.generate(conn, msg)
+        self.idle_since = time.monotonic()
         return True
 
     async def append(self, conn: Conn, msg: TextAppend) -> None:
@@ -116,6 +125,8 @@ class TextLive(LiveSession):
                         if tail:
                             await self.emit({"type": "token", "text": tail, "id": None})
                         await self.emit(_done_msg(reason, params, prompt_tokens, n))
+                        self.g = None
+                        await self.checkpoint()  # a finished turn: a safe point
                         return
                     case Failed(message=message):
                         self.g = self.pump = None  # (finish must not wait for this task)
@@ -130,6 +141,8 @@ class TextLive(LiveSession):
             self.m.scheduler.cancel(self.g)
 
     async def export(self, persist: bool = False) -> bytes:
+        if self.parked:
+            return await self.parked_state()
         if self.g is not None or self.text.inflight is not None:
             raise SnapshotError("a generation or prefill is running; export between turns")
         t = self.text
@@ -153,32 +166,112 @@ class TextLive(LiveSession):
     async def from_extra(
         cls, store: SessionStore, m: ModelEntry, slot: int, extra: dict, **kw: Any
     ) -> TextLive:
-        vocab = m.engine.config.vocab_size
-        pending = [int(x) for x in extra["pending"]]
-        if len(pending) > 4096 or any(not 0 <= x < vocab for x in pending):
-            raise ValueError("pending tokens out of range")
-        logits = None
-        if extra.get("last_logits") is not None:
-            raw = base64.b64decode(extra["last_logits"], validate=True)
-            if len(raw) != 4 * m.engine.config.out_dim:
-                raise ValueError("last_logits has the wrong size")
-            logits = torch.frombuffer(bytearray(raw), dtype=torch.float32).clone()  # (V,)
-            if not torch.isfinite(logits).all():
-                raise ValueError("last_logits must be finite")
-        if not pending and logits is None:
-            pending = [m.engine.tokenizer.bos]
-        text = TextSession(slot=slot, pending=pending, last_logits=logits)
         return cls(
             store,
             m,
-            text,
+            text_state(m, slot, extra),
             appended=max(0, int(extra.get("appended", 0))),
             messages_received=max(0, int(extra.get("messages_received", 0))),
             **kw,
         )
 
     async def release(self) -> None:
+        if self.parked:  # (no slot: give back the count `park` took)
+            self.parked = False
+            self.counted(+1)
+            return
         self.m.scheduler.release(self.text.slot, self.text, self.g)
+
+    # ------------------------------------------------------------------ parking
+    def parkable(self) -> bool:
+        return not (
+            self.parked
+            or self.closed
+            or self.g is not None
+            or self.pump is not None
+            or self.text.inflight is not None
+            or self.turn_lock.locked()
+        )
+
+    async def park(self) -> bool:
+        """Between turns: seal the state into the parked tier and free the slot."""
+        d = self.store.ctx.durable
+        if d is None or not self.parkable():
+            return False
+        async with self.turn_lock:
+            if not self.parkable_now():
+                return False
+            try:
+                blob = await self.export(persist=True)
+            except SnapshotError:
+                return False
+            await d.park(self.sid, d.seal(self.m, blob, self.sid))
+            self.parked = True  # (before the await: a finish meanwhile frees no slot twice)
+            await self.m.scheduler.close_slot(self.text.slot)
+            self.counted(-1)
+        return True
+
+    async def parked_state(self) -> bytes:
+        """The engine snapshot a parked session left (with its identity fields)."""
+        d = self.store.ctx.durable
+        r = await d.load(self.sid) if d is not None else None
+        if r is None:
+            raise SnapshotError("the parked session state was lost")
+        try:
+            return d.unseal(r.data, self.m, self.sid).payload
+        except EnvelopeError as e:
+            raise SnapshotError(f"parked state refused: {e}") from None
+
+    def parkable_now(self) -> bool:
+        return not (self.parked or self.closed or self.g is not None or self.text.inflight)
+
+    async def unpark(self, conn: Conn | None) -> None:
+        """Bring a parked session back into a slot (the caller holds `turn_lock`)."""
+        if not self.parked:
+            return
+        d = self.store.ctx.durable
+        assert d is not None
+        t0 = time.perf_counter()
+        r = await d.load(self.sid)
+        if r is None:
+            raise await self.fail(conn, "state_lost", "the parked session state was lost")
+        try:
+            payload = d.unseal(r.data, self.m, self.sid).payload
+        except EnvelopeError as e:
+            raise await self.fail(conn, "state_lost", f"parked state refused: {e}") from None
+        m = self.m
+        slot = await self.store.take_slot(m)
+        if slot is None:  # no slot and none to free: stays parked, the client may resume
+            await d.park(self.sid, r.data)
+            raise await conn.refuse(pool_full(self.store.ctx, m)) if conn else Closed("overloaded")
+        try:
+            extra = await m.scheduler.run_sync(m.engine.restore, slot, payload)
+            self.text = text_state(m, slot, extra)
+        except BaseException:
+            m.scheduler.release(slot)
+            raise
+        self.parked = False
+        self.counted(+1)
+        d.metrics.park_seconds.labels("unpark").observe(time.perf_counter() - t0)
+
+
+def text_state(m: ModelEntry, slot: int, extra: dict) -> TextSession:
+    """The text session around a restored `slot` (ValueError when `extra` is malformed)."""
+    vocab = m.engine.config.vocab_size
+    pending = [int(x) for x in extra["pending"]]
+    if len(pending) > 4096 or any(not 0 <= x < vocab for x in pending):
+        raise ValueError("pending tokens out of range")
+    logits = None
+    if extra.get("last_logits") is not None:
+        raw = base64.b64decode(extra["last_logits"], validate=True)
+        if len(raw) != 4 * m.engine.config.out_dim:
+            raise ValueError("last_logits has the wrong size")
+        logits = torch.frombuffer(bytearray(raw), dtype=torch.float32).clone()  # (V,)
+        if not torch.isfinite(logits).all():
+            raise ValueError("last_logits must be finite")
+    if not pending and logits is None:
+        pending = [m.engine.tokenizer.bos]
+    return TextSession(slot=slot, pending=pending, last_logits=logits)
 
 
 def _done_msg(reason: str, params: SamplingParams, prompt_tokens: int, n: int) -> dict:

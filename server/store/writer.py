@@ -55,6 +55,7 @@ class PendingWrite:
     key: str
     data: bytes | None
     ttl_s: float | None = None
+    tag: object = None  # the caller's mark, given back to `on_written` once stored
 
 
 @dataclass(frozen=True)
@@ -83,10 +84,12 @@ class CheckpointWriter:
         store: StateStore,
         config: WriterConfig | None = None,
         on_evict: Callable[[Evicted], None] | None = None,
+        on_written: Callable[[str, object], None] | None = None,
     ) -> None:
         self.store = store
         self.config = config or WriterConfig()
         self.on_evict = on_evict
+        self.on_written = on_written  # (key, tag) of each blob the store confirmed
         self._pending: dict[str, PendingWrite] = {}  # oldest first
         self._inflight: dict[str, PendingWrite] = {}
         self._bytes = 0  # blob bytes in _pending
@@ -119,8 +122,9 @@ class CheckpointWriter:
                 self._run(), name="checkpoint-writer"
             )
 
-    def submit(self, key: str, data: bytes, ttl_s: float | None = None) -> bool:
-        """Queue a checkpoint; False (logged, counted) if the store can never take it."""
+    def submit(self, key: str, data: bytes, ttl_s: float | None = None, tag: object = None) -> bool:
+        """Queue a checkpoint; False (logged, counted) if the store can never take it.
+        `tag` comes back to `on_written(key, tag)` once this blob is stored."""
         try:
             check_id(key)
             self.store.check_blob(data)
@@ -128,7 +132,7 @@ class CheckpointWriter:
             self._n["rejected"] += 1
             log.error("checkpoint of %s refused: %s", str(key)[:40], e)
             return False
-        self._queue(PendingWrite(key, bytes(data), ttl_s))
+        self._queue(PendingWrite(key, bytes(data), ttl_s, tag))
         return True
 
     def submit_delete(self, key: str) -> bool:
@@ -285,14 +289,20 @@ class CheckpointWriter:
         for r in results:
             for ev in r.evicted:
                 self._notify(ev)
+        if self.on_written is not None:
+            for op in ops:
+                if op.data is not None:
+                    self._call(self.on_written, op.key, op.tag)
+
+    def _call(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001  (a callback's bug must not stop checkpointing)
+            log.exception("checkpoint writer callback failed for %s", args[0])
 
     def _notify(self, ev: Evicted) -> None:
-        if self.on_evict is None:
-            return
-        try:
-            self.on_evict(ev)
-        except Exception:  # noqa: BLE001  (a notifier's bug must not stop checkpointing)
-            log.exception("on_evict failed for %s", ev.key)
+        if self.on_evict is not None:
+            self._call(self.on_evict, ev)
 
 
 def _size(ops: dict[str, PendingWrite]) -> int:

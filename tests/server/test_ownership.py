@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 
 from dlr_runtime.engine.snapshot import read_header
 from server.app import create_app
+from server.sessions.restore import unseal
 from tests.conftest import LM_NAME, SPEECH_NAME
 from tests.server.conftest import LiveServer, make_settings
 from tests.server.waits import eventually, eventually_sync
@@ -65,13 +66,20 @@ def test_start_then_close_never_leaks_a_session_or_slot(models_dir):
 
 
 def _blob(c: TestClient, model: str, extra: dict) -> bytes:
-    """A genuine (checksummed) snapshot of a fresh slot carrying crafted session fields."""
-    eng = c.app.state.dlr.models[model].engine
-    slot = eng.open()
+    """A genuine (checksummed, signed) snapshot of a fresh slot carrying crafted session
+    fields: what a holder of the state secret could make."""
+    st = c.app.state.dlr
+    m = st.models[model]
+    slot = m.engine.open()
     try:
-        return eng.snapshot(slot, extra)
+        return st.durable.seal(m, m.engine.snapshot(slot, extra))
     finally:
-        eng.close(slot)
+        m.engine.close(slot)
+
+
+def _payload(c: TestClient, blob: bytes) -> bytes:
+    """The engine snapshot inside an exported (signed) state blob."""
+    return unseal(c.app.state.dlr, blob).payload
 
 
 START = {"type": "start", "sample_rate": 16000, "encoding": "pcm_s16le", "model": None}
@@ -104,7 +112,7 @@ def test_malformed_session_fields_give_400_and_free_the_slot(models_dir, model, 
                 headers={"X-Resume-Token": ready["resume_token"]},
             )
             assert r.status_code == 200, r.text
-        extra = {**read_header(r.content)["extra"], **fields}
+        extra = {**read_header(_payload(c, r.content))["extra"], **fields}
         json.dumps(extra)  # (±Infinity is what a crafted JSON header carries)
         eng = c.app.state.dlr.models[model].engine
         for _ in range(6):  # more than max_sessions: a leak would end in 429

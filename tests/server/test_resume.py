@@ -34,11 +34,12 @@ from tests.server.wshelp import (
 )
 
 CHUNK = 3200  # bytes = 100 ms of 16 kHz pcm_s16le
+SECRET = "state-secret-of-these-replicas-0123"  # exported states verify where it is the same
 
 
 @pytest.fixture(scope="module")
 def srv(models_dir):
-    with LiveServer(make_settings(models_dir, resume_grace_s=20.0)) as s:
+    with LiveServer(make_settings(models_dir, resume_grace_s=20.0, state_secret=SECRET)) as s:
         yield s
 
 
@@ -200,8 +201,9 @@ def test_export_import_between_servers(srv, models_dir, tmp_path):
     gen = {"max_new_tokens": 12, "temperature": 0.7, "seed": 3}
     data = clip(3)
     with (
-        LiveServer(make_settings(other, resume_grace_s=20.0)) as b,
-        LiveServer(make_settings(changed, resume_grace_s=20.0)) as c,
+        LiveServer(make_settings(other, resume_grace_s=20.0, state_secret=SECRET)) as b,
+        LiveServer(make_settings(changed, resume_grace_s=20.0, state_secret=SECRET)) as c,
+        LiveServer(make_settings(other, resume_grace_s=20.0)) as d,  # another secret
     ):
 
         async def main():
@@ -224,6 +226,7 @@ def test_export_import_between_servers(srv, models_dir, tmp_path):
                 out["tampered"] = await h.post(b.http + "/v1/sessions", content=bytes(bad))
                 out["other_weights"] = await h.post(c.http + "/v1/sessions", content=blob)
                 out["garbage"] = await h.post(b.http + "/v1/sessions", content=b"hello")
+                out["other_secret"] = await h.post(d.http + "/v1/sessions", content=blob)
                 ws, again = await resume(b.ws, TEXT, moved)
                 got, _ = await text_turn(ws, " second", gen)
                 await ws.close()
@@ -255,11 +258,15 @@ def test_export_import_between_servers(srv, models_dir, tmp_path):
         ("wrong_token", 404, "session_not_found"),
         ("tampered", 400, "invalid_state"),
         ("garbage", 400, "invalid_state"),
+        ("other_secret", 400, "invalid_state"),
         ("other_weights", 409, "state_model_mismatch"),
     ):
         r = out[key]
         assert r.status_code == status, (key, r.text)
         assert r.json()["error"]["code"] == code and r.json()["error"]["message"]
+    for key, reason in (("tampered", "bad_signature"), ("garbage", "unsigned")):
+        assert reason in out[key].json()["error"]["message"]
+    assert "bad_signature" in out["other_secret"].json()["error"]["message"]
     solo, final = out["speech"]
     assert final["label"] == solo["label"] and final["audio_ms"] == solo["audio_ms"]
     assert final["score"] == pytest.approx(solo["score"], abs=2e-6)
