@@ -38,10 +38,11 @@ def render(msgs: list[dict]) -> str:
 
 @pytest.fixture(scope="module")
 def servers(models_dir):
-    """Two live servers: prefix cache on (default) and off."""
+    """Two live servers: prefix cache on (default) and off; prompts prefill in pieces of at
+    most 256 tokens (one block), so long prompts are fed in several batches."""
     with (
-        LiveServer(make_settings(models_dir)) as on,
-        LiveServer(make_settings(models_dir, prefix_cache_mb=0)) as off,
+        LiveServer(make_settings(models_dir, max_prefill_tokens=256)) as on,
+        LiveServer(make_settings(models_dir, prefix_cache_mb=0, max_prefill_tokens=256)) as off,
     ):
         yield on, off
 
@@ -142,8 +143,10 @@ def test_chat_n_choices_fork_one_prefill(servers):
 def test_prefix_cache_on_off_same_text_and_metrics(servers):
     on, off = servers
     son, soff = oai(on), oai(off)
-    system = {"role": "system", "content": "Shared system prompt " * 6}
-    convs = [[system, {"role": "user", "content": f"question {i} " * (1 + i)}] for i in range(4)]
+    system = {"role": "system", "content": "Shared system prompt " * 30}  # > 2 pieces
+    convs = [
+        [system, {"role": "user", "content": f"question {i} " * (1 + 9 * i)}] for i in range(4)
+    ]
     for i, msgs in enumerate(convs):
         for kw in ({"temperature": 0}, {"seed": 100 + i}):
             a = son.chat.completions.create(model=LM_NAME, messages=msgs, max_tokens=16, **kw)
