@@ -12,7 +12,7 @@ from fastapi.responses import Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
-from dlr_runtime.engine import PoolFullError
+from dlr_runtime.engine import PoolFullError, SnapshotError
 
 from ..admission import pool_full, refusal
 from ..chat_template import ChatTemplate
@@ -82,6 +82,8 @@ async def start(
         ch = await open_choices(ctx, m, job, start)
     except PoolFullError:
         return pool_full(ctx, m).response()
+    except SnapshotError as e:  # a stored state of another configuration of the model
+        return api_error(409, f"the stored state cannot be continued: {e}", "state_mismatch")
     if isinstance(ch, Failed):
         return api_error(500, ch.message, "generation_failed")
     return ch

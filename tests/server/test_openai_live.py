@@ -119,7 +119,7 @@ def test_chat_equals_generate_greedy_seeded_and_streamed(servers):
 
 
 def test_chat_n_choices_fork_one_prefill(servers):
-    on, _ = servers
+    on, off = servers
     c = oai(on)
     got = c.chat.completions.create(
         model=LM_NAME, messages=MSGS, max_tokens=10, n=3, seed=40, temperature=1.0
@@ -138,6 +138,17 @@ def test_chat_n_choices_fork_one_prefill(servers):
         for ch in chunk.choices:
             streamed[ch.index] += ch.delta.content or ""
     assert streamed == [ch.message.content for ch in got.choices]
+    # one prefill for the three choices (cache off: every prompt token is run once)
+    before = prompt_tokens_run(off)
+    r = oai(off).chat.completions.create(model=LM_NAME, messages=MSGS, max_tokens=3, n=3, seed=1)
+    assert prompt_tokens_run(off) - before == r.usage.prompt_tokens
+
+
+def prompt_tokens_run(srv: LiveServer) -> float:
+    for line in httpx.get(srv.http + "/metrics").text.splitlines():
+        if line.startswith("dlr_prompt_tokens_total{") and LM_NAME in line:
+            return float(line.split()[-1])
+    return 0.0
 
 
 def test_prefix_cache_on_off_same_text_and_metrics(servers):
