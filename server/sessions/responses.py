@@ -2,7 +2,7 @@
 
 A stored response is the engine snapshot of its slot once the reply ended (the state after the
 prompt and every fed reply token), with the tokens sampled but not yet fed (`pending`: the
-last one) and the response object in the snapshot's extra. A follow-up
+last one; at most one) and the response object in the snapshot's extra. A follow-up
 (`previous_response_id`) restores it into a fresh slot and feeds `pending` + its own new input
 only, so a turn costs the same however long the conversation is.
 
@@ -23,7 +23,8 @@ from ..context import AppContext
 from ..store import MemoryStore, StateStore, StoreLimits, check_id
 from .choices import StartState
 
-KIND = "response"
+KEY = "response_object"  # the snapshot extra's key that marks a stored response (no `kind`:
+# `POST /v1/sessions` refuses such a blob as carrying no session)
 
 
 def response_store(ctx: AppContext) -> StateStore:
@@ -74,10 +75,10 @@ async def load(ctx: AppContext, response_id: str) -> StoredResponse | None:
         return None
     header = read_header(entry.data)
     extra = header.get("extra") or {}
-    if extra.get("kind") != KIND:
+    if not isinstance(extra.get(KEY), dict):
         return None
-    pending = [int(t) for t in extra["pending"]]
-    return StoredResponse(header["model"], extra["response"], StartState(entry.data, pending))
+    pending = [int(t) for t in extra.get("pending") or []]
+    return StoredResponse(header["model"], extra[KEY], StartState(entry.data, pending))
 
 
 async def delete(ctx: AppContext, response_id: str) -> bool:
@@ -86,4 +87,4 @@ async def delete(ctx: AppContext, response_id: str) -> bool:
 
 
 def extra_of(pending: list[int], response: dict[str, Any]) -> dict[str, Any]:
-    return {"kind": KIND, "pending": list(pending), "response": response}
+    return {"pending": list(pending), KEY: response}
