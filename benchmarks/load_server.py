@@ -66,7 +66,9 @@ def write_bench_models(root: Path) -> Path:
 
 
 class Server:
-    def __init__(self, models_dir: Path, max_batch_size: int, threads: int) -> None:
+    def __init__(
+        self, models_dir: Path, max_batch_size: int, threads: int, extra: list[str] | None = None
+    ) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -92,6 +94,7 @@ class Server:
             "1024",
             "--log-level",
             "warning",
+            *(extra or []),
         ]
         self.proc = subprocess.Popen(cmd, cwd=ROOT)
         self.http = f"http://127.0.0.1:{self.port}"

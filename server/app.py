@@ -21,7 +21,7 @@ from .durable import Durable
 from .errors import validation_handler
 from .metrics import Metrics
 from .registry import load_models
-from .routes import generate, info, sessions, speech, text_stream
+from .routes import generate, info, openai_text, responses, sessions, speech, text_stream
 from .security import Security
 from .sessions.restore import recover
 from .sessions.store import SessionStore
@@ -35,6 +35,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     st = AppContext(settings=settings, metrics=Metrics())
     store = SessionStore(st)
+    st.metrics.watch_prefix_caches(
+        lambda: {
+            m.name: m.scheduler.prefix_cache.stats().as_metrics()
+            for m in st.models.values()
+            if m.scheduler.prefix_cache is not None
+        }
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -71,7 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.dlr = st
     app.state.sessions = store
     app.add_exception_handler(RequestValidationError, validation_handler)
-    for module in (info, generate, speech, text_stream, sessions):
+    for module in (info, generate, openai_text, responses, speech, text_stream, sessions):
         app.include_router(module.router)
     if STATIC_DIR.is_dir():
         app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static")
@@ -80,7 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.add_middleware(
             CORSMiddleware,
             allow_origins=origins,
-            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type", "X-Resume-Token"],
             expose_headers=["Retry-After", "X-Session-Kind", "X-Model"],
         )

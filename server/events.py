@@ -19,6 +19,8 @@ TOP_N = 5  # classes reported in a partial/final's `top`
 class Token:
     id: int
     text: str
+    logprob: float | None = None  # when the request asked for logprobs
+    top: tuple[tuple[int, float], ...] = ()  # (id, logprob) of the most likely tokens
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,49 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+# prefix-cache stats (PrefixCacheStats.as_metrics names) exported per model
+PREFIX_COUNTERS = (
+    ("prefix_cache_lookups_total", "Prompt lookups in the prefix-state cache"),
+    ("prefix_cache_hits_total", "Lookups that found a cached prefix"),
+    ("prefix_cache_lookup_tokens_total", "Prompt tokens looked up"),
+    ("prefix_cache_hit_tokens_total", "Prompt tokens served from cached states"),
+    ("prefix_cache_inserts_total", "States inserted"),
+    ("prefix_cache_evictions_total", "States evicted for the byte bound"),
+)
+PREFIX_GAUGES = (
+    ("prefix_cache_bytes", "Bytes held by the prefix-state cache"),
+    ("prefix_cache_max_bytes", "Byte bound of the prefix-state cache"),
+    ("prefix_cache_entries", "States held"),
+    ("prefix_cache_hit_rate", "Hits / lookups"),
+    ("prefix_cache_token_hit_rate", "Hit tokens / looked-up tokens"),
+)
+
+
+class PrefixCacheCollector:
+    """Reads every model's prefix-cache stats at scrape time (`source()` -> {model: stats
+    dict}), so the cache keeps one set of counters."""
+
+    def __init__(self, source: Callable[[], dict[str, dict[str, float]]]) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        stats = self.source()
+        for name, doc in PREFIX_COUNTERS:
+            fam = CounterMetricFamily(f"dlr_{name[: -len('_total')]}", doc, labels=["model"])
+            for model, st in stats.items():
+                fam.add_metric([model], st[name])
+            yield fam
+        for name, doc in PREFIX_GAUGES:
+            fam = GaugeMetricFamily(f"dlr_{name}", doc, labels=["model"])
+            for model, st in stats.items():
+                fam.add_metric([model], st[name])
+            yield fam
+
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 PARK_BUCKETS = (
@@ -159,6 +201,9 @@ class Metrics:
             buckets=PARK_BUCKETS,
             registry=r,
         )
+
+    def watch_prefix_caches(self, source: Callable[[], dict[str, dict[str, float]]]) -> None:
+        self.registry.register(PrefixCacheCollector(source))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

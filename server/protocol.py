@@ -51,29 +51,6 @@ class GenerateRequest(SamplingFields):
     model: str | None = None
 
 
-class CompletionRequest(SamplingFields):
-    """OpenAI /v1/completions (the fields this server uses; other known fields are accepted)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    model: str | None = None
-    prompt: str | list[str] = ""
-    max_tokens: int = Field(16, ge=0)
-    stream: bool = False
-    n: int = Field(1, ge=1, le=1)
-    echo: bool = False
-    user: str | None = None
-
-    @field_validator("prompt")
-    @classmethod
-    def _one_prompt(cls, v: str | list[str]) -> str:
-        if isinstance(v, list):
-            if len(v) != 1:
-                raise ValueError("prompt: exactly one prompt per request is supported")
-            return v[0]
-        return v
-
-
 # ---------------------------------------------------------------- WebSocket messages
 class SpeechStart(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -105,10 +82,20 @@ class TextAppend(BaseModel):
     text: str
 
 
+class TextFork(BaseModel):
+    """Copy the session's state into a new session (answered with `forked`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["fork"]
+
+
 class TextGenerate(SamplingFields):
     type: Literal["generate"]
     max_new_tokens: int = Field(64, ge=0)
 
 
 SpeechMessage = Annotated[SpeechStart | SpeechEnd, Field(discriminator="type")]
-TextMessage = Annotated[TextStart | TextAppend | TextGenerate, Field(discriminator="type")]
+TextMessage = Annotated[
+    TextStart | TextAppend | TextGenerate | TextFork, Field(discriminator="type")
+]

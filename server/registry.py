@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import torch
 from dlr_runtime import CheckpointError, load_recurrent
 from dlr_runtime.backends import make_backend
 from dlr_runtime.engine import Engine
+from dlr_runtime.engine.prefix_cache import PrefixCache
 
 from .metrics import Metrics
 from .scheduler import Scheduler
@@ -51,6 +52,7 @@ class ModelEntry:
     scheduler: Scheduler
     path: Path
     sessions: int = 0  # open sessions of this model (limit: settings.max_sessions)
+    metadata: dict[str, Any] = field(default_factory=dict)  # the checkpoint's (chat_template)
 
     def info(self, settings: Settings) -> dict[str, Any]:
         cfg = self.engine.config
@@ -123,7 +125,13 @@ def load_models(settings: Settings, metrics: Metrics) -> dict[str, ModelEntry]:
             max_chunk_frames=settings.max_chunk_frames,
             torch_threads=settings.torch_threads,
             max_prefill_tokens=settings.max_prefill_tokens,
+            prefix_cache=(
+                PrefixCache(int(settings.prefix_cache_mb * 2**20))
+                if engine.kind == "lm" and settings.prefix_cache_mb > 0
+                else None
+            ),
         )
-        models[path.name] = ModelEntry(path.name, engine.kind, engine, sched, path)
+        meta = dict(rec.checkpoint_metadata or {})
+        models[path.name] = ModelEntry(path.name, engine.kind, engine, sched, path, metadata=meta)
         log.info("loaded model %s (%s) on %s", path.name, engine.kind, device)
     return models

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -39,6 +40,9 @@ from dlr_runtime.engine import (
     Engine,
     SamplingParams,
 )
+from dlr_runtime.engine.cached_prefill import plan_prefill
+from dlr_runtime.engine.prefix_cache import PrefixCache
+from dlr_runtime.engine.token_choice import ChoiceRow
 
 from .events import Done, Failed, Final, Progress, Token
 from .metrics import Metrics
@@ -68,8 +72,10 @@ class Scheduler:
         max_chunk_frames: int = 64,
         torch_threads: int = 0,
         max_prefill_tokens: int = 2048,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.engine = engine
+        self.prefix_cache = prefix_cache  # exact prompt states of this model (None: off)
         self.name = engine.name
         self.metrics = metrics
         self.max_batch_size = max_batch_size
@@ -140,18 +146,47 @@ class Scheduler:
         session.last_logits = logits
         return logits
 
-    def generate(self, session: TextSession, params: SamplingParams) -> Generation:
+    async def prefill_prompt(
+        self, session: TextSession, tokens: list[int], boundaries: Sequence[int] = ()
+    ) -> int:
+        """Prefill a whole prompt (bos first) into a fresh slot through the prefix cache:
+        the longest cached prefix is loaded and only the rest is fed, in pieces that end at
+        every insert point (each of `boundaries`, the branch point off the cache's keys, the
+        end), whose states go into the cache. Sets `session.last_logits`; returns the
+        number of prompt tokens served from the cache (raises BatchError like `prefill`)."""
+        cache = self.prefix_cache
+        if cache is None or cache.max_bytes == 0:
+            plan = plan_prefill(self.engine, None, session.slot, tokens)  # (no engine access)
+        else:  # loads the hit into the slot: on the engine thread, between batches
+            plan = await self._call(
+                plan_prefill, self.engine, cache, session.slot, tokens, boundaries
+            )
+        if plan.logits is not None:  # the whole prompt was cached
+            session.last_logits = plan.logits.float().cpu()
+            return plan.cached
+        fut = asyncio.get_running_loop().create_future()
+        session.inflight = fut
+        self._prefills.append((Prefill(fut, session.slot, plan), list(plan.tokens[plan.cached :])))
+        self._kick()
+        session.last_logits = await asyncio.shield(fut)
+        session.inflight = None
+        return plan.cached
+
+    def generate(
+        self, session: TextSession, params: SamplingParams, choice: ChoiceRow | None = None
+    ) -> Generation:
         """Start a generation: the session's pending tokens are fed, then tokens are sampled.
 
         Events on `Generation.events`: `Token`*, then `Done` or `Failed`. The last sampled
-        token stays pending in the session.
+        token stays pending in the session. `choice` carries the OpenAI options (penalties,
+        logit_bias, logprobs) and must share the generation's seed.
         """
         if session.busy:
             raise RuntimeError("a generation is already running in this session")
         if not session.pending and session.last_logits is None:
             raise ValueError("nothing to continue from: append text first")
         session.busy = True
-        g = Generation(session, params, feed=list(session.pending))
+        g = Generation(session, params, feed=list(session.pending), choice=choice)
         session.pending = []
         self._starting.append(g)
         self._kick()
@@ -304,10 +339,17 @@ class Scheduler:
 
     def _add_prefill(self, b: Batch, item: Any, toks: list[int], carry: list) -> None:
         """Add at most `max_prefill_tokens` of a prompt (so decodes of other sessions are not
-        held up by a long prompt); the rest waits in `carry`."""
+        held up by a long prompt), never past a prefix-cache insert point; the rest waits in
+        `carry`."""
         n = self.max_prefill_tokens
+        plan = item.plan if isinstance(item, Prefill) else None
+        end = None
+        if plan is not None:
+            end = plan.next_end(len(plan.tokens) - len(toks), n)
+            n = end - (len(plan.tokens) - len(toks))
         b.prefill.append((item, toks[:n]))
         b.prefill_last.append(len(toks) <= n)
+        b.prefill_end.append(end)
         if len(toks) > n:
             carry.append((item, toks[n:]))
 
@@ -364,6 +406,9 @@ class Scheduler:
             m.batch_latency.labels(name, "prefill").observe(time.perf_counter() - t0)
             m.batch_size.labels(name, "prefill").observe(len(slots))
             m.prompt_tokens.labels(name).inc(sum(len(t) for _, t in b.prefill))
+            for (item, _), end, row in zip(b.prefill, b.prefill_end, logits, strict=True):
+                if end is not None and bool(torch.isfinite(row).all()):
+                    item.plan.reached(eng, item.slot, end, row)  # cache insert points
             for (item, _), last, row in zip(b.prefill, b.prefill_last, logits, strict=True):
                 gen = item if last and isinstance(item, Generation) else None
                 out["prefill"].append(sample_row(row, gen) if last else (row, None))
@@ -489,7 +534,11 @@ class Scheduler:
             self._finish(g, "stop")
             return
         text, stopped = g.stop.feed(g.decoder.feed(tok))
-        g.events.put_nowait(Token(tok, text))
+        c = g.chosen
+        if c is not None and c.logprob is not None:
+            g.events.put_nowait(Token(tok, text, c.logprob, tuple(c.top)))
+        else:
+            g.events.put_nowait(Token(tok, text))
         if stopped:
             g.session.pending.append(tok)
             self._finish(g, "stop")

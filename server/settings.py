@@ -59,6 +59,16 @@ class Settings(BaseSettings):
     )
     max_new_tokens: int = Field(1024, ge=1, description="cap on tokens generated per request")
     max_prompt_chars: int = Field(65536, ge=1, description="largest prompt or appended text")
+    # ---- prefix-state cache and stored responses (OpenAI surface)
+    prefix_cache_mb: float = Field(
+        256.0, ge=0, description="exact prompt states cached per model, MiB (0 = off)"
+    )
+    response_ttl_s: float = Field(
+        3600.0, gt=0, description="how long a stored /v1/responses state is kept"
+    )
+    response_store_mb: float = Field(
+        512.0, gt=0, description="RAM for stored responses when no state store is configured"
+    )
     partial_interval_ms: float = Field(
         100.0, ge=0, description="at most one partial speech result per this interval"
     )

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 
 from dlr_runtime.engine import IncrementalDecoder, SamplingParams, StopMatcher, sample_token
+from dlr_runtime.engine.cached_prefill import PrefixPlan
+from dlr_runtime.engine.token_choice import ChoiceRow, Chosen, choose_tokens
 
 from .events import TOP_N, Failed, GenEvent, Scores, SpeechEvent
 
@@ -55,9 +57,11 @@ class Generation:
     cancelled: bool = False
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     seq: int = field(default_factory=lambda: next(_ids))
+    choice: ChoiceRow | None = None  # OpenAI options: penalties, logit_bias, logprobs
+    chosen: Chosen | None = None  # the last token's logprobs (set on the engine thread)
 
     def __post_init__(self) -> None:
-        self.gen = self.params.generator()
+        self.gen = self.choice.gen if self.choice is not None else self.params.generator()
         self.stop = StopMatcher(self.params.stop)
         self.prompt_tokens = len(self.feed)
 
@@ -98,6 +102,7 @@ class Resample:
 class Prefill:
     fut: asyncio.Future  # resolved with the logits (V,) after the last token
     slot: int
+    plan: PrefixPlan | None = None  # a fresh prompt through the prefix cache
 
 
 @dataclass
@@ -106,6 +111,7 @@ class Batch:
         default_factory=list
     )  # (Generation|_Prefill, toks)
     prefill_last: list[bool] = field(default_factory=list)  # the item's last piece of prompt
+    prefill_end: list[int | None] = field(default_factory=list)  # plan position after the piece
     sample_only: list[Generation] = field(default_factory=list)
     decode: list[Generation] = field(default_factory=list)
     audio: list[tuple[SpeechStream, torch.Tensor]] = field(default_factory=list)
@@ -124,6 +130,9 @@ def sample_row(row: torch.Tensor, g: Generation | None) -> tuple[torch.Tensor, i
     if g is None:
         return row, None
     try:
+        if g.choice is not None:
+            g.chosen = choose_tokens(row[None], [g.choice])[0]
+            return row, g.chosen.token
         return row, sample_token(row, g.params, g.gen)
     except (ValueError, RuntimeError) as e:
         return row, Failed(f"inference failed: sampling: {e}")

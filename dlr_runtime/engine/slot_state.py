@@ -9,6 +9,7 @@ whatever backend the engine runs:
 - `export_state(engine, slot) -> State`: a copy of the slot's row, canonical layout, no batch
   axis (each tensor as in `RecurrentModel.init_state(1)` without its first dimension).
 - `import_state(engine, slot, state)`: write such a row into an allocated slot.
+- `copy_state(engine, src, dst)`: copy one slot's state into another allocated slot;
 - `fork(engine, slot, n) -> Fork`: allocate n new slots holding copies of `slot`'s state, with
   the time taken and the bytes copied (the cost of n > 1 and of session forks).
 """
@@ -55,6 +56,17 @@ def import_state(engine: Any, slot: int, state: State) -> None:
     engine.pool.scatter(idx, engine._to_native(batch))
     if "frame_fill" in state:
         engine._fill[slot] = int(state["frame_fill"])
+
+
+def copy_state(engine: Any, src: int, dst: int) -> int:
+    """Copy slot `src`'s state into the allocated slot `dst` (native layout, on the device);
+    returns the bytes copied (a session fork into a slot its owner already holds)."""
+    engine.pool.check(src)
+    engine.pool.check(dst)
+    row = engine.pool.gather(engine.pool.index([src]))  # each (1, ...)
+    engine.pool.scatter(engine.pool.index([dst]), row)
+    engine._fill[dst] = engine._fill[src]
+    return engine.state_bytes_per_session()
 
 
 def state_nbytes(state: State) -> int:

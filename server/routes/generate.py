@@ -1,24 +1,19 @@
-"""Text generation over HTTP: `POST /v1/generate` (own format) and `POST /v1/completions`
-(OpenAI-compatible), each non-streaming or as Server-Sent Events (sse-starlette).
+"""Text generation over HTTP: `POST /v1/generate` (own format; the OpenAI-compatible
+endpoints are in openai_text.py), non-streaming or as Server-Sent Events (sse-starlette).
 
-Both share one prologue (`_open`: limits, model, admission, slot) and read the run's typed
-events (`Token`* then `Done` | `Failed`). Each request is a short-lived session: a slot is
+The prologue (`_open`: limits, model, admission, slot) starts a run whose typed events
+(`Token`* then `Done` | `Failed`) the handler reads. Each request is a short-lived session: a slot is
 taken, [bos] + prompt bytes are prefilled, tokens are sampled until max tokens, end of text or
 a stop string, and the slot is freed (server/sessions/text.py).
 """
 
 from __future__ import annotations
 
-import json
-import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
-from sse_starlette import EventSourceResponse
-from starlette.background import BackgroundTask
 
 from dlr_runtime.engine import PoolFullError
 
@@ -26,11 +21,11 @@ from ..admission import pool_full, refusal
 from ..context import AppContext, CtxDep
 from ..errors import NoModelError, api_error
 from ..events import Done, Failed, Token
-from ..protocol import CompletionRequest, GenerateRequest, SamplingFields
+from ..protocol import GenerateRequest, SamplingFields
 from ..sessions.text import Run, open_generation
+from .openai_shared import sse
 
 router = APIRouter()
-PING_S = 15  # SSE keep-alive comment interval
 
 
 async def _open(
@@ -72,21 +67,6 @@ def _usage(prompt_tokens: int, completion_tokens: int, total: bool = False) -> d
     if total:
         u["total_tokens"] = prompt_tokens + completion_tokens
     return u
-
-
-def _sse(run: Run, events: AsyncIterator[dict | str]) -> EventSourceResponse:
-    async def gen() -> AsyncIterator[str]:
-        async with aclosing(events):  # (the run's events inside close with it)
-            async for ev in events:
-                yield ev if isinstance(ev, str) else json.dumps(ev)
-
-    return EventSourceResponse(
-        gen(),
-        ping=PING_S,
-        sep="\n",
-        headers={"Cache-Control": "no-cache"},
-        background=BackgroundTask(run.close),  # (also when the client left before the end)
-    )
 
 
 async def _collect(run: Run) -> tuple[str, Done] | Failed:
@@ -155,51 +135,4 @@ async def generate(req: GenerateRequest, ctx: CtxDep) -> Response:
                         "error": {"message": message, "code": "generation_failed"},
                     }
 
-    return _sse(run, stream())
-
-
-@router.post("/v1/completions")
-async def completions(req: CompletionRequest, ctx: CtxDep) -> Response:
-    run = await _open(ctx, req, req.prompt, req.model, req.max_tokens, "max_tokens")
-    if isinstance(run, Response):
-        return run
-    cid, created, name = f"cmpl-{uuid.uuid4().hex}", int(time.time()), run.m.name
-
-    def body(text: str, finish: str | None, usage: dict | None = None) -> dict:
-        out = {
-            "id": cid,
-            "object": "text_completion",
-            "created": created,
-            "model": name,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
-        }
-        if usage is not None:
-            out["usage"] = usage
-        return out
-
-    if not req.stream:
-        match await _collect(run):
-            case Failed(message=message):
-                return api_error(500, message, "generation_failed")
-            case (text, Done(reason=reason, completion_tokens=n)):
-                echo = req.prompt if req.echo else ""
-                return JSONResponse(body(echo + text, reason, _usage(run.prompt_tokens, n, True)))
-
-    async def stream() -> AsyncIterator[dict | str]:
-        if req.echo:
-            yield body(req.prompt, None)
-        async for ev in run.events():
-            match ev:
-                case Token(text=text) if text:
-                    yield body(text, None)
-                case Done(reason=reason, tail=tail, completion_tokens=n):
-                    yield body(tail, reason, _usage(run.prompt_tokens, n, True))
-                case Failed(message=message):
-                    yield error_chunk(message)
-        yield "[DONE]"
-
-    return _sse(run, stream())
-
-
-def error_chunk(message: str) -> dict:
-    return {"error": {"message": message, "type": "server_error", "code": "generation_failed"}}
+    return sse(run, stream())

@@ -15,6 +15,10 @@ secret imports them. Refusals name the reason (`unsigned`, `bad_signature`, `tru
 server does not serve (or of other weights) 409 `state_model_mismatch`; an expired one 410
 `state_expired`; a too large one 413 `too_large`.
 
+- `POST /v1/sessions/{session_id}/fork` with `X-Resume-Token`: a new detached text session
+  holding a copy of the state (201, same body as the import); resume it on the text WebSocket.
+  The WebSocket message `{"type": "fork"}` does the same inside a connection.
+
 `restore_blob` (server/sessions/restore.py) is also how the drain's persisted states come back at start-up.
 """
 
@@ -27,10 +31,11 @@ from fastapi.responses import JSONResponse, Response
 
 from dlr_runtime.engine import SnapshotError
 
-from ..admission import refusal
-from ..errors import api_error
+from ..admission import pool_full, refusal
+from ..errors import Closed, api_error
 from ..sessions.restore import NoCapacity, StateMismatch, restore_blob, unseal
-from ..sessions.store import StoreDep
+from ..sessions.store import LiveSession, SessionStore, StoreDep
+from ..sessions.text import ForkRefused, TextLive
 from ..store import EnvelopeError, Reason
 
 CODES = {
@@ -53,9 +58,7 @@ async def export_state(
 ) -> Response:
     sess = store.verify(session_id, x_resume_token)
     if sess is None:
-        return api_error(
-            404, "unknown session id or wrong X-Resume-Token", "session_not_found", "session_id"
-        )
+        return _unknown()
     try:
         blob = await sess.export()
     except SnapshotError as e:
@@ -109,13 +112,51 @@ async def import_state(request: Request, store: StoreDep) -> Response:
         return e.refusal.response()
     st.metrics.resumes.labels(sess.kind, "import").inc()
     await asyncio.sleep(0)
-    return JSONResponse(
-        {
-            "session_id": sess.sid,
-            "resume_token": sess.token,
-            "model": sess.m.name,
-            "kind": sess.kind,
-            "resume_grace_s": st.settings.resume_grace_s,
-        },
-        status_code=201,
+    return _created(store, sess)
+
+
+@router.post("/v1/sessions/{session_id}/fork", status_code=201, responses={404: {}, 409: {}})
+async def fork_session(
+    session_id: str,
+    store: StoreDep,
+    x_resume_token: str = Header(default="", max_length=256),
+) -> Response:
+    sess = store.verify(session_id, x_resume_token)
+    if sess is None:
+        return _unknown()
+    if not isinstance(sess, TextLive):
+        return api_error(409, "only text sessions can be forked", "not_forkable")
+    await sess.wait_turn()
+    try:
+        async with sess.turn_lock:
+            await sess.unpark(None)  # a parked session comes back into a slot first
+            new = await sess.fork()
+    except Closed as e:
+        if str(e) == "overloaded":
+            return pool_full(store.ctx, sess.m).response()
+        return api_error(410, "the session's parked state was lost", str(e))
+    except ForkRefused as e:
+        if e.refusal is not None:
+            return e.refusal.response()
+        return api_error(409, str(e), e.code)
+    store.ctx.metrics.resumes.labels(new.kind, "fork").inc()
+    return _created(store, new, forked_from=sess.sid)
+
+
+def _unknown() -> Response:
+    return api_error(
+        404, "unknown session id or wrong X-Resume-Token", "session_not_found", "session_id"
     )
+
+
+def _created(store: SessionStore, sess: LiveSession, **extra: str) -> Response:
+    """201 with what a client needs to resume a new detached session."""
+    body = {
+        "session_id": sess.sid,
+        "resume_token": sess.token,
+        "model": sess.m.name,
+        "kind": sess.kind,
+        "resume_grace_s": store.ctx.settings.resume_grace_s,
+        **extra,
+    }
+    return JSONResponse(body, status_code=201)

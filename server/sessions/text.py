@@ -16,16 +16,17 @@ from typing import Any
 
 import torch
 
-from dlr_runtime.engine import SamplingParams, SnapshotError
+from dlr_runtime.engine import PoolFullError, SamplingParams, SnapshotError
+from dlr_runtime.engine.slot_state import copy_state
 
-from ..admission import pool_full
+from ..admission import Refusal, pool_full, refusal
 from ..context import AppContext
 from ..errors import Closed
 from ..events import Done, Failed, GenEvent, Token
-from ..protocol import SamplingFields, TextAppend, TextGenerate, TextStart
+from ..protocol import SamplingFields, TextAppend, TextFork, TextGenerate, TextStart
 from ..registry import ModelEntry
 from ..store import EnvelopeError
-from ..work import Generation, TextSession
+from ..work import BatchError, Generation, TextSession
 from ..ws import Conn
 from .store import LiveSession, SessionStore, owned_slot
 
@@ -68,15 +69,55 @@ class TextLive(LiveSession):
         if self.pump is not None:
             await asyncio.shield(self.pump)
 
-    async def handle(self, conn: Conn, msg: TextAppend | TextGenerate) -> bool:
+    async def handle(self, conn: Conn, msg: TextAppend | TextGenerate | TextFork) -> bool:
         async with self.turn_lock:
             await self.unpark(conn)
             if isinstance(msg, TextAppend):
                 await self.append(conn, msg)
+            elif isinstance(msg, TextFork):
+                await self.answer_fork()
             else:
                 await self.generate(conn, msg)
         self.idle_since = time.monotonic()
         return True
+
+    async def answer_fork(self) -> None:
+        try:
+            new = await self.fork()
+        except ForkRefused as e:
+            await self.emit({"type": "error", "code": e.code, "message": str(e)})
+            return
+        await self.emit(
+            {
+                "type": "forked",
+                "session_id": new.sid,
+                "resume_token": new.token,
+                "resume_grace_s": self.settings.resume_grace_s,
+            }
+        )
+
+    async def fork(self) -> TextLive:
+        """A new detached session holding a copy of this one's state (between turns); the
+        client attaches to it with `resume`. Raises ForkRefused (no capacity, or busy)."""
+        if self.g is not None or self.text.inflight is not None:
+            raise ForkRefused("session_busy", "a generation or prefill is running")
+        ctx, m, t = self.store.ctx, self.m, self.text
+        r = refusal(ctx, model=m)
+        if r is not None:
+            raise ForkRefused("overloaded", r.message, r)
+        try:
+            async with owned_slot(m) as slot:
+                await m.scheduler.run_sync(copy_state, m.engine, t.slot, slot)
+                logits = None if t.last_logits is None else t.last_logits.clone()
+                copy = TextSession(slot=slot, pending=list(t.pending), last_logits=logits)
+                new = self.store.register(
+                    TextLive(self.store, m, copy, self.appended, self.messages_received)
+                )
+        except PoolFullError:
+            r = pool_full(ctx, m)
+            raise ForkRefused("overloaded", r.message, r) from None
+        self.store.detach(new)
+        return new
 
     async def append(self, conn: Conn, msg: TextAppend) -> None:
         limit = self.settings.max_prompt_chars
@@ -274,6 +315,14 @@ def text_state(m: ModelEntry, slot: int, extra: dict) -> TextSession:
     return TextSession(slot=slot, pending=pending, last_logits=logits)
 
 
+class ForkRefused(Exception):
+    """A fork that cannot be made now: `code` says why, `refusal` when for capacity."""
+
+    def __init__(self, code: str, message: str, refusal: Refusal | None = None) -> None:
+        super().__init__(message)
+        self.code, self.refusal = code, refusal
+
+
 def _done_msg(reason: str, params: SamplingParams, prompt_tokens: int, n: int) -> dict:
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n}
     return {"type": "done", "finish_reason": reason, "seed": params.seed, "usage": usage}
@@ -289,6 +338,8 @@ class Run:
     ) -> None:
         self.ctx, self.m, self.params = ctx, m, params
         self.seed, self.prompt_tokens = params.seed, len(feed)
+        self.cached_tokens = 0  # prompt tokens served from the prefix cache
+        self.created = time.perf_counter()
         self.session = TextSession(slot=slot, pending=feed)
         self.g: Generation | None = None
         self.reason = "error"
@@ -302,7 +353,14 @@ class Run:
                 self.reason = "length"
                 yield Done("length", "", 0)
                 return
+            feed, self.session.pending = self.session.pending, []
+            try:  # the prompt through the prefix cache, then sampling from its logits
+                self.cached_tokens = await self.m.scheduler.prefill_prompt(self.session, feed)
+            except BatchError as e:
+                yield Failed(str(e))
+                return
             self.g = g = self.m.scheduler.generate(self.session, self.params)
+            g.created = self.created
             while True:
                 ev = await g.events.get()
                 if isinstance(ev, Done):

@@ -27,7 +27,7 @@ from dlr_runtime.engine.prefix_cache import (
     PrefixCacheFull,
     max_bytes_from_env,
 )
-from dlr_runtime.engine.slot_state import export_state, fork, import_state
+from dlr_runtime.engine.slot_state import copy_state, export_state, fork, import_state
 from tests.conftest import LM_NAME
 
 TOL = 1e-4  # float32 logits: a cached state was computed with another piece segmentation
@@ -356,6 +356,21 @@ def test_fork_copies_state_exactly_and_measures_cost(engine):
     finally:
         for s in [a, *f.slots]:
             engine.close(s)
+
+
+def test_copy_state_into_an_owned_slot_equals_the_source(engine):
+    a, b = engine.open(), engine.open()
+    try:
+        engine.prefill([a], [[256, *b"copy me"]])
+        engine.prefill([b], [[256, *b"something else entirely"]])
+        assert copy_state(engine, a, b) == engine.state_bytes_per_session()
+        sa, sb = export_state(engine, a), export_state(engine, b)
+        assert all(torch.equal(sa[k], sb[k]) for k in sa)
+        y = engine.decode([a, b], [5, 5])  # (2, V): the copy continues exactly as the source
+        assert torch.equal(y[0], y[1])
+    finally:
+        engine.close(a)
+        engine.close(b)
 
 
 def test_prefill_n_forks_one_prefill_into_n_seeded_choices(engine):

@@ -222,7 +222,9 @@ def test_http_api_schemathesis(fuzz_server):
     srv = fuzz_server
     schema = schemathesis.openapi.from_url(srv.http + "/openapi.json")
     ops = [r.ok() for r in schema.get_all_operations()]
-    assert len(ops) == 8  # health, ready, metrics, models, generate, completions, sessions x2
+    # health, ready, metrics, models, generate, chat, completions, responses (create, get,
+    # delete), prefixes, sessions (state, import, fork)
+    assert len(ops) == 14
 
     for op in ops:
 

@@ -1,0 +1,90 @@
+"""Stored responses of `POST /v1/responses`: the state a follow-up continues from.
+
+A stored response is the engine snapshot of its slot once the reply ended (the state after the
+prompt and every fed reply token), with the tokens sampled but not yet fed (`pending`: the
+last one; at most one) and the response object in the snapshot's extra. A follow-up
+(`previous_response_id`) restores it into a fresh slot and feeds `pending` + its own new input
+only, so a turn costs the same however long the conversation is.
+
+Where they live: `ctx.state_store` when the server has one (the durable state store), else
+one in-memory store per app bounded by `response_store_mb`; every entry expires after
+`response_ttl_s`. `response_store(ctx)` is the one place that picks it. Keys are the hex part
+of the response id ("resp_<32 hex>").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dlr_runtime.engine.snapshot import read_header
+
+from ..context import AppContext
+from ..store import MemoryStore, StateStore, StoreLimits, check_id
+from .choices import StartState
+
+KEY = "response_object"  # the snapshot extra's key that marks a stored response (no `kind`:
+# `POST /v1/sessions` refuses such a blob as carrying no session)
+
+
+def response_store(ctx: AppContext) -> StateStore:
+    """The store of this app's responses (created on first use when the app has none)."""
+    store = getattr(ctx, "state_store", None)
+    if store is not None:
+        return store
+    mine = getattr(ctx, "_response_store", None)
+    if mine is None:
+        s = ctx.settings
+        limits = StoreLimits(max_bytes=int(s.response_store_mb * 2**20), ttl_s=s.response_ttl_s)
+        mine = MemoryStore(limits)
+        ctx._response_store = mine  # type: ignore[attr-defined]
+    return mine
+
+
+def key_of(response_id: str) -> str | None:
+    """The store key of a response id, or None when it is not one of ours."""
+    if not response_id.startswith("resp_"):
+        return None
+    key = response_id[len("resp_") :]
+    try:
+        return check_id(key)
+    except ValueError:
+        return None
+
+
+@dataclass
+class StoredResponse:
+    model: str
+    response: dict[str, Any]  # the response object as JSON
+    start: StartState  # the state to continue from
+
+
+async def save(ctx: AppContext, response_id: str, blob: bytes) -> None:
+    key = key_of(response_id)
+    assert key is not None, response_id
+    await response_store(ctx).put(key, blob, ttl_s=ctx.settings.response_ttl_s)
+
+
+async def load(ctx: AppContext, response_id: str) -> StoredResponse | None:
+    """The stored response (None when unknown, expired or deleted)."""
+    key = key_of(response_id)
+    if key is None:
+        return None
+    entry = await response_store(ctx).get(key)
+    if entry is None:
+        return None
+    header = read_header(entry.data)
+    extra = header.get("extra") or {}
+    if not isinstance(extra.get(KEY), dict):
+        return None
+    pending = [int(t) for t in extra.get("pending") or []]
+    return StoredResponse(header["model"], extra[KEY], StartState(entry.data, pending))
+
+
+async def delete(ctx: AppContext, response_id: str) -> bool:
+    key = key_of(response_id)
+    return key is not None and await response_store(ctx).delete(key)
+
+
+def extra_of(pending: list[int], response: dict[str, Any]) -> dict[str, Any]:
+    return {"pending": list(pending), KEY: response}
