@@ -19,6 +19,7 @@ def rec():
     return to_recurrent(DLRModel(CFG, seed=0))
 
 
+@pytest.mark.slow  # builds and times every candidate backend
 def test_picks_the_fastest_measured(rec):
     name, be, timings = pick_fastest(rec, candidates=("torch", "onnx"), batch_sizes=(1,), reps=3)
     assert set(timings) == {"torch", "onnx"}

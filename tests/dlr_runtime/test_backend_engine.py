@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from dlr_runtime import DLRConfig, DLRModel, to_recurrent
 from dlr_runtime.backends import make_backend
 from dlr_runtime.engine import Engine
+
+# each backend built and exported (ONNX) per test: full suite only
+pytestmark = pytest.mark.slow
 
 TOKENIZER = {"tokenizer": {"type": "bytes", "bos": 256, "eos": 257, "vocab_size": 258}}
 

@@ -28,6 +28,9 @@ from dlr_runtime.export.cli import main as export_main
 from dlr_runtime.export.onnx_export import read_manifest
 from dlr_runtime.export.realmath import ClassifierChunk, LMChunk, LMStep, RealCore
 
+# ONNX export of every graph (~1-2 min on 2 cores): full suite only
+pytestmark = pytest.mark.slow
+
 LM_CFG = DLRConfig.preset("tiny-lm", vocab_size=20, init="omega")
 AUDIO_CFG = DLRConfig.preset(
     "tiny-speech", frame_stride=4, labels=["a", "b", "c"], shared_lambda=False, norm="rmsnorm"

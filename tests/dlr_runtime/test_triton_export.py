@@ -15,6 +15,9 @@ import torch
 from dlr_runtime import load_recurrent
 from dlr_runtime.export.cli import main as export_main
 
+# ONNX export per model repository: full suite only
+pytestmark = pytest.mark.slow
+
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
 text_format = pytest.importorskip("google.protobuf.text_format")
 

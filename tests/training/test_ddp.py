@@ -8,7 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .conftest import TINY_MODEL
+
+# two torchrun processes: full suite only
+pytestmark = pytest.mark.slow
 
 
 def test_torchrun_two_gloo_processes_run_a_step(tmp_path: Path, text_dir: Path) -> None:
