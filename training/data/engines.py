@@ -16,6 +16,7 @@ Every function returns float32 audio at the engine's native rate; callers resamp
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -86,6 +87,7 @@ def require(engine: str) -> str:
     return path
 
 
+@functools.lru_cache(maxsize=8)
 def engine_version(engine: str) -> str:
     """First line of the engine's version output (part of cache keys)."""
     exe = require(engine)

@@ -47,7 +47,7 @@ from training.data.sc12 import (
     silence_windows,
 )
 from training.data.splits import check_disjoint, split_voices
-from training.data.vocab import SC12_LABELS
+from training.data.vocab import SC12_LABELS, unknown_words
 from training.distributed import DistContext, ShardedSampler
 from training.modelopts import ModelOptions
 from training.trainer import Recipe
@@ -70,11 +70,29 @@ class KWSOptions:
     valid_silence: int = 200  # word-less valid windows per evaluation
     vtlp: bool = True  # warp the mel filterbank per training window
     label_smoothing: float = 0.05  # cross-entropy label smoothing
+    tiny_corpus: bool = False  # a few voices and words only (tests and smoke runs)
+
+
+def corpus_config(opts: KWSOptions, seed: int) -> CorpusConfig:
+    """The corpus of a run: the full one, or a tiny one for tests."""
+    if not opts.tiny_corpus:
+        return CorpusConfig(seed=seed)
+    return CorpusConfig(
+        seed=seed,
+        accents=("en-us",),
+        variants=("m1", "m2", "m3", "f1", "f2", "f3", "klatt", "klatt2"),
+        engines=("espeak", "flite"),
+        espeak_command_renditions=1,
+        espeak_unknown_per_voice=6,
+        command_renditions=2,
+        unknown_renditions=1,
+        unknown=unknown_words()[:24],
+    )
 
 
 def load_split(opts: KWSOptions, seed: int) -> dict[str, WordPool]:
     """Generate/load the corpus and return one WordPool per split of ``opts.split``."""
-    ccfg = CorpusConfig(seed=seed)
+    ccfg = corpus_config(opts, seed)
     voices = all_tts_voices(ccfg)
     split = split_voices(voices, opts.split, seed)
     check_disjoint(split)
