@@ -43,6 +43,20 @@ def pool_step(
     return decay * s + f, decay * c + 1
 
 
+def pool_block(
+    f: torch.Tensor, s0: torch.Tensor, c0: torch.Tensor, decay: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One block in closed form (tensor ops only, exportable): f (B, T, H), s0 (B, H), c0 (B,)
+    -> sums (B, T, H), counts (B, T); S_t = a^(t+1) s0 + sum_{s<=t} a^(t-s) f_s."""
+    idx = torch.arange(f.shape[1], device=f.device, dtype=torch.float64)
+    lag = idx.view(-1, 1) - idx.view(1, -1)  # (T, T): t - s
+    w = torch.where(lag >= 0, torch.pow(decay, lag.clamp(min=0)), 0.0).to(f.dtype)  # a^(t-s)
+    carry = torch.pow(decay, idx + 1).to(f.dtype)  # a^(t+1)  (T,)
+    sums = torch.einsum("ts,bsh->bth", w, f) + carry.view(1, -1, 1) * s0.to(f.dtype).unsqueeze(1)
+    counts = w.sum(-1).unsqueeze(0) + carry.unsqueeze(0) * c0.to(f.dtype).unsqueeze(1)
+    return sums, counts
+
+
 def pool_chunk(
     f: torch.Tensor, s0: torch.Tensor, c0: torch.Tensor, decay: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,20 +67,12 @@ def pool_chunk(
     t_len = f.shape[1]
     if decay == 1.0:
         steps = torch.arange(1, t_len + 1, device=f.device, dtype=f.dtype)
-        return s0.to(f.dtype).unsqueeze(1) + torch.cumsum(f, dim=1), c0.to(f.dtype).unsqueeze(
-            1
-        ) + steps
+        sums = s0.to(f.dtype).unsqueeze(1) + torch.cumsum(f, dim=1)
+        return sums, c0.to(f.dtype).unsqueeze(1) + steps
     sums, counts = [], []
     s, c = s0.to(f.dtype), c0.to(f.dtype)
     for start in range(0, t_len, BLOCK):
-        blk = f[:, start : start + BLOCK]  # (B, T', H)
-        n = blk.shape[1]
-        idx = torch.arange(n, device=f.device)
-        lag = (idx.view(-1, 1) - idx.view(1, -1)).to(torch.float64)  # (T', T'): t - s
-        w = torch.where(lag >= 0, decay ** lag.clamp(min=0), 0.0).to(f.dtype)  # a^(t-s), s <= t
-        carry = (decay ** (idx.to(torch.float64) + 1)).to(f.dtype)  # a^(t+1)  (T',)
-        bs = torch.einsum("ts,bsh->bth", w, blk) + carry.view(1, -1, 1) * s.unsqueeze(1)
-        bc = w.sum(-1).unsqueeze(0) + carry.unsqueeze(0) * c.unsqueeze(1)  # (B, T')
+        bs, bc = pool_block(f[:, start : start + BLOCK], s, c, decay)
         sums.append(bs)
         counts.append(bc)
         s, c = bs[:, -1], bc[:, -1]
