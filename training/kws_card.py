@@ -128,7 +128,9 @@ def _loso_rows(loso: list[Path]) -> tuple[str, list[tuple[str, float]]]:
     return "\n".join(lines), worst
 
 
-def card(run: Path, dest: Path, loso: list[Path], eval_cmd: str, loso_cmd: str) -> str:
+def card(
+    run: Path, dest: Path, loso: list[Path], eval_cmd: str, loso_cmd: str, notes: str = ""
+) -> str:
     summary = json.loads((run / "summary.json").read_text())
     header = read_header(dest)
     cfg = header["config"]
@@ -183,6 +185,8 @@ Files: `model.safetensors` + `config.json`, `curves.png`, `metrics.csv`, `eval/e
 | goal | result |
 |---|---|
 {goal_md}
+
+{notes}
 
 ## Data
 
@@ -292,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "runs/kws_loso-festival/model"
         ),
     )
+    p.add_argument("--notes", type=Path, default=None, help="markdown: what misses and why")
     args = p.parse_args(argv)
     _copy(args.run, args.dest)
     src_eval = args.run / "model" / "eval"
@@ -299,7 +304,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         if (args.dest / "eval").exists():
             shutil.rmtree(args.dest / "eval")
         shutil.copytree(src_eval, args.dest / "eval")
-    text = card(args.run, args.dest, args.loso, args.eval_command, args.loso_command)
+    notes = args.notes.read_text().strip() if args.notes else ""
+    text = card(args.run, args.dest, args.loso, args.eval_command, args.loso_command, notes)
     (args.dest / "MODEL.md").write_text(text)
     print(args.dest / "MODEL.md")
 

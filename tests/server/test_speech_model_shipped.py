@@ -1,5 +1,5 @@
 """The shipped speech model through a real uvicorn server: SC12 labels in /v1/models, and a
-non-command word / silence / a command from voices never heard in training come back as
+non-command words / silence / commands from a voice never heard in training come back as
 ``_unknown_`` / ``_silence_`` / the command over WS /v1/speech/stream."""
 
 from __future__ import annotations
@@ -81,11 +81,22 @@ def test_silence_is_silence(live):
     assert asyncio.run(final_of(live.ws, quiet))["label"] == "_silence_"
 
 
-def test_a_non_command_word_is_unknown(live):
-    final = asyncio.run(final_of(live.ws, word("house", "awb")))
-    assert final["label"] == "_unknown_", final["top"]
+NON_COMMANDS = ["house", "bird", "cat", "window", "yellow"]
+COMMANDS = ["stop", "yes", "left", "go", "down"]
 
 
-def test_a_command_from_a_held_out_voice(live):
-    final = asyncio.run(final_of(live.ws, word("stop", "awb")))
-    assert final["label"] == "stop", final["top"]
+def test_non_command_words_are_unknown(live):
+    """Five ordinary words from a voice never heard in training (flite awb): at least four come
+    back `_unknown_` (MODEL.md reports the measured rejection rates)."""
+    finals = [asyncio.run(final_of(live.ws, word(w, "awb"))) for w in NON_COMMANDS]
+    labels = [f["label"] for f in finals]
+    assert sum(lab == "_unknown_" for lab in labels) >= 4, list(
+        zip(NON_COMMANDS, labels, strict=True)
+    )
+    assert all(lab not in ("_silence_",) for lab in labels)
+
+
+def test_commands_from_a_held_out_voice(live):
+    """Five commands from flite awb (test speaker): at least four recognised."""
+    labels = [asyncio.run(final_of(live.ws, word(w, "awb")))["label"] for w in COMMANDS]
+    assert sum(a == b for a, b in zip(labels, COMMANDS, strict=True)) >= 4, labels
