@@ -192,6 +192,7 @@ def evaluate(model_dir: str | Path, opts: EvalOptions) -> dict[str, Any]:
     results: dict[str, Any] = {"model": str(model_dir), "split": split, "seed": seed}
     results["test_voices"] = sorted(set(test.voices.tolist()))
     results["sizes"] = {k: int(len(p)) for k, p in pools.items()}
+    results["clip_detector"] = base.to_dict()  # the rule used for the clip "detector_fires"
     sil_audio = silence_windows(opts.silence_clips, test, seed + 7)
     sil_scores = frame_scores(model, sil_audio)
     sil_pred = sil_scores[:, -1].argmax(-1).numpy()

@@ -232,9 +232,10 @@ the training augmentation.
 {_engine_table(ev)}
 
 Word-less windows (every background and level): {_pct(ev["silence"]["accepted_argmax"])} accepted as a
-command by argmax, {_pct(ev["silence"]["predicted_silence"])} labelled `_silence_`, detector fires on
-{_pct(ev["silence"]["detector_fires"])}. Unknown words on which the detector fires (clean):
-{_pct(ev["clean"].get("unknown_detector_fires"))}.
+command by argmax, {_pct(ev["silence"]["predicted_silence"])} labelled `_silence_`; the detector, at the
+threshold the checkpoint carried when the clips were scored ({ev.get("clip_detector", {}).get("threshold", 0.5)}),
+fires on {_pct(ev["silence"]["detector_fires"])} of them and on {_pct(ev["clean"].get("unknown_detector_fires"))}
+of the clean unknown-word clips.
 
 Per voice:
 
