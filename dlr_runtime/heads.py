@@ -43,6 +43,13 @@ def pool_step(
     return decay * s + f, decay * c + 1
 
 
+def pool_block_tables(decay: float, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a^(t-s) for s <= t else 0 (T, T), a^(t+1) (T,)) in float64, for exported graphs."""
+    idx = torch.arange(t, dtype=torch.float64)
+    lag = idx.view(-1, 1) - idx.view(1, -1)
+    return torch.where(lag >= 0, decay ** lag.clamp(min=0), 0.0), decay ** (idx + 1)
+
+
 def pool_block(
     f: torch.Tensor, s0: torch.Tensor, c0: torch.Tensor, decay: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
