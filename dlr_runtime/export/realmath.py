@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..diagonal import chunk_tables, toeplitz
+from ..heads import pool_block_tables, pool_step
 from ..recurrent import RecurrentModel
 
 FLOAT_OF = {torch.complex64: torch.float32, torch.complex128: torch.float64}
@@ -77,6 +78,10 @@ class RealCore(nn.Module):
         self.register_buffer("toeplitz", torch.stack(toe).to(dtype))  # (L, H, Tm, Tm)
         self.register_buffer("vout", torch.stack(vout).to(dtype))  # (L, Hs, 2N, Tm)
         self.register_buffer("vin", torch.stack(vin).to(dtype))  # (L, Hs, Tm, 2N)
+        # exponential-window head (dlr_runtime/heads.py): a^(t-s) and a^(t+1) tables, float64
+        w, carry = pool_block_tables(self.head.decay, max_chunk)
+        self.register_buffer("pool_w", w)  # (Tm, Tm)
+        self.register_buffer("pool_carry", carry)  # (Tm,)
         self.requires_grad_(False)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
@@ -166,9 +171,16 @@ class RealCore(nn.Module):
         self, f: torch.Tensor, mean_sum: torch.Tensor, mean_count: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Features f (B, T, H) -> scores (B, T, C), new mean_sum (B, H), mean_count (B,)."""
-        sums = mean_sum.unsqueeze(1) + torch.cumsum(f.to(torch.float64), dim=1)  # (B, T, H)
-        steps = torch.cumsum(torch.ones_like(f[0, :, 0], dtype=torch.float64), dim=0)  # (T,)
-        counts = mean_count.unsqueeze(1) + steps  # (B, T)
+        if self.head.decay != 1.0:  # exponential window: S_t = a^(t+1) S0 + sum a^(t-s) f_s
+            t = f.shape[1]
+            w, carry = self.pool_w[:t, :t], self.pool_carry[:t]  # (T, T), (T,)
+            sums = torch.einsum("ts,bsh->bth", w, f.to(torch.float64))
+            sums = sums + carry.view(1, -1, 1) * mean_sum.unsqueeze(1)  # (B, T, H)
+            counts = w.sum(-1).unsqueeze(0) + carry.unsqueeze(0) * mean_count.unsqueeze(1)
+        else:
+            sums = mean_sum.unsqueeze(1) + torch.cumsum(f.to(torch.float64), dim=1)  # (B, T, H)
+            steps = torch.cumsum(torch.ones_like(f[0, :, 0], dtype=torch.float64), dim=0)  # (T,)
+            counts = mean_count.unsqueeze(1) + steps  # (B, T)
         scores = self.head.proj((sums / counts.unsqueeze(-1)).to(self.dtype))  # (B, T, C)
         return scores, sums[:, -1], counts[:, -1]
 
@@ -224,8 +236,7 @@ class ClassifierStep(nn.Module):
 
     def forward(self, x, state_re, state_im, mean_sum, mean_count):
         f, nr, ni = self.core.core_step(self.core.encode(x), state_re, state_im)  # f (B, H)
-        ms = mean_sum + f.to(torch.float64)  # (B, H)
-        mc = mean_count + 1.0  # (B,)
+        ms, mc = pool_step(mean_sum, mean_count, f.to(torch.float64), self.core.head.decay)
         return self.core.scores(ms, mc), nr, ni, ms, mc
 
 

@@ -1,0 +1,38 @@
+"""The log-mel front end and the exponential-window head through ONNX export and ONNX Runtime,
+against the torch recurrent form (float32 graphs: 1e-4, as in test_onnx_backend.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dlr_runtime import DLRConfig, DLRModel, to_recurrent
+
+pytest.importorskip("onnxruntime")
+from dlr_runtime.backends.onnx import OnnxBackend  # noqa: E402
+
+TOL = 1e-4
+CFG = DLRConfig(
+    d_model=16, d_state=8, n_layers=2, encoder="audio", decoder="classifier", frame_stride=32,
+    labels=["yes", "no", "_silence_", "_unknown_"], frontend="logmel", n_mels=8,
+    pool_window_s=0.01, dt_min=0.01, dt_max=0.5,
+)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_chunks_and_steps_match_torch(tmp_path):
+    rec = to_recurrent(DLRModel(CFG, seed=3))
+    be = OnnxBackend.from_recurrent(rec, tmp_path, max_chunk=8)
+    x = 0.3 * torch.randn(2, 32 * 30, generator=torch.Generator().manual_seed(0))
+    s_ref, s_onnx = rec.init_state(2), be.init_state(2)
+    for a, b in [(0, 50), (50, 50), (50, 700), (700, 32 * 28)]:
+        y_ref, s_ref = rec.chunk(x[:, a:b], s_ref)
+        y, s_onnx = be.chunk(x[:, a:b], s_onnx)
+        assert y.shape == y_ref.shape
+        if y.numel():
+            assert float((y.double() - y_ref.double()).abs().max()) < TOL
+    for k in range(32 * 28, 32 * 30):
+        y_ref, s_ref = rec.step(x[:, k], s_ref)
+        y, s_onnx = be.step(x[:, k], s_onnx)
+        assert float((y.double() - y_ref.double()).abs().max()) < TOL
+    assert float((be.scores(s_onnx).double() - rec.scores(s_ref).double()).abs().max()) < TOL
