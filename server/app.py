@@ -16,6 +16,8 @@ from starlette.middleware.cors import CORSMiddleware
 from .context import AppContext
 from .drain import restore_dir
 from .errors import validation_handler
+from .jsonsafe import SafeJSONResponse
+from .limits import RequestLimits
 from .metrics import Metrics
 from .registry import load_models
 from .routes import generate, info, sessions, speech, text_stream
@@ -52,7 +54,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             for m in st.models.values():
                 await m.scheduler.stop()
 
-    app = FastAPI(title="dlr-serve", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(
+        title="dlr-serve",
+        version="0.1.0",
+        lifespan=lifespan,
+        default_response_class=SafeJSONResponse,
+    )
     app.state.dlr = st
     app.state.sessions = store
     app.add_exception_handler(RequestValidationError, validation_handler)
@@ -69,5 +76,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_headers=["Authorization", "Content-Type", "X-Resume-Token"],
             expose_headers=["Retry-After", "X-Session-Kind", "X-Model"],
         )
+    app.add_middleware(RequestLimits, settings=settings)  # (inside Security: keys first)
     app.add_middleware(Security, settings=settings)
     return app

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 WS_CLOSE = {
     "invalid_json": 1003,
     "invalid_audio": 1003,
+    "invalid_text": 1007,  # (a lone surrogate: not valid Unicode text)
     "invalid_message": 1008,
     "no_session": 1008,
     "unknown_model": 1008,

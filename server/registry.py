@@ -123,6 +123,7 @@ def load_models(settings: Settings, metrics: Metrics) -> dict[str, ModelEntry]:
             max_chunk_frames=settings.max_chunk_frames,
             torch_threads=settings.torch_threads,
             max_prefill_tokens=settings.max_prefill_tokens,
+            max_prefill_tokens_decoding=settings.max_prefill_tokens_decoding,
         )
         models[path.name] = ModelEntry(path.name, engine.kind, engine, sched, path)
         log.info("loaded model %s (%s) on %s", path.name, engine.kind, device)

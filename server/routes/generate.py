@@ -9,7 +9,6 @@ a stop string, and the slot is freed (server/sessions/text.py).
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -26,8 +25,9 @@ from ..admission import pool_full, refusal
 from ..context import AppContext, CtxDep
 from ..errors import NoModelError, api_error
 from ..events import Done, Failed, Token
+from ..jsonsafe import dumps
 from ..protocol import CompletionRequest, GenerateRequest, SamplingFields
-from ..sessions.text import Run, open_generation
+from ..sessions.text import PromptTooLong, Run, open_generation
 
 router = APIRouter()
 PING_S = 15  # SSE keep-alive comment interval
@@ -65,6 +65,8 @@ async def _open(
         return await open_generation(ctx, m, prompt, req, max_tokens)
     except PoolFullError:
         return pool_full(ctx, m).response()
+    except PromptTooLong as e:
+        return api_error(400, str(e), "prompt_too_long", e.field)
 
 
 def _usage(prompt_tokens: int, completion_tokens: int, total: bool = False) -> dict:
@@ -78,7 +80,7 @@ def _sse(run: Run, events: AsyncIterator[dict | str]) -> EventSourceResponse:
     async def gen() -> AsyncIterator[str]:
         async with aclosing(events):  # (the run's events inside close with it)
             async for ev in events:
-                yield ev if isinstance(ev, str) else json.dumps(ev)
+                yield ev if isinstance(ev, str) else dumps(ev)
 
     return EventSourceResponse(
         gen(),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
 import threading
 import time
@@ -23,28 +22,28 @@ from pathlib import Path
 
 import httpx
 
-from tests.server.conftest import ServerProcess
+from server.settings import Settings
+from tests.server.live import LiveServer
 
-ROOT = Path(__file__).resolve().parents[2]
 MAGIC = b"DLRSTATE"
 
 
+class ServerProcess(LiveServer):
+    """A started `dlr-serve` subprocess; `with` on it only stops it at the end."""
+
+    def __enter__(self) -> ServerProcess:
+        return self if self.proc is not None else self.start()
+
+
 def serve(tmp_path: Path, models_dir: Path, name: str = "srv", **settings) -> ServerProcess:
-    """Start `dlr-serve` (this checkout) and wait until it is ready."""
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = str(ROOT) + (os.pathsep + old if old else "")
-    try:
-        srv = ServerProcess(models_dir, tmp_path / f"{name}.log", **settings)
-    finally:
-        if old is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old
-    try:
-        return srv.wait_ready()
-    except BaseException:
-        srv.__exit__(None, None, None)
-        raise
+    """Start `dlr-serve` (this checkout, defaults as in production but for the tiny models,
+    the CPU and unthrottled partials) and wait until it is ready."""
+    base = dict(models_dir=models_dir, device="cpu", partial_interval_ms=0, log_level="info")
+    srv = ServerProcess(
+        Settings(**(base | settings)), process=True, log_path=tmp_path / f"{name}.log"
+    )
+    srv.start()
+    return srv
 
 
 def eventually(pred: Callable[[], object], timeout: float, interval: float = 0.05) -> bool:

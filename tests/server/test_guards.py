@@ -1,0 +1,106 @@
+"""The small guards behind the hardening fixes, one by one: the origin/Host allow-list, the
+lone-surrogate check, the JSON encoding boundary, the PCM clamp and the prompt token cap.
+(The black-box regression tests against a real server are tests/server/test_hardening.py.)"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from server.jsonsafe import SafeJSONResponse, dumps
+from server.origin import OriginPolicy, hostname
+from server.sessions.speech import decode_pcm
+from server.settings import Settings
+from server.textcheck import may_hold_surrogates, surrogate_path
+
+
+def policy(**kw) -> OriginPolicy:
+    return OriginPolicy.of(Settings(**kw))
+
+
+@pytest.mark.parametrize(
+    ("netloc", "name"),
+    [("127.0.0.1:80", "127.0.0.1"), ("[::1]:8000", "::1"), ("Example.COM", "example.com")],
+)
+def test_hostname(netloc, name):
+    assert hostname(netloc) == name
+
+
+@pytest.mark.parametrize(
+    ("origin", "host", "ok"),
+    [
+        (None, "evil.example", True),  # not a browser
+        ("http://127.0.0.1:8000", "127.0.0.1:8000", True),
+        ("http://localhost:3000", "127.0.0.1:8000", True),  # loopback page
+        ("http://[::1]:8000", "[::1]:8000", True),
+        ("http://192.168.1.5:8000", "192.168.1.5:8000", True),  # same origin, IP literal
+        ("http://evil.example", "127.0.0.1:8000", False),  # cross-site
+        ("http://evil.example:8000", "evil.example:8000", False),  # DNS rebinding
+        ("null", "127.0.0.1:8000", False),
+        ("http://app.example", "127.0.0.1:8000", True),  # listed in cors_origins
+        ("http://serve.lan:8000", "serve.lan:8000", True),  # allowed_hosts
+    ],
+)
+def test_origin_policy_without_keys(origin, host, ok):
+    p = policy(cors_origins="http://app.example", allowed_hosts="serve.lan")
+    assert p.origin_ok(origin, host) is ok
+
+
+def test_origin_policy_configured_host_and_keys():
+    assert policy(host="dlr.example").origin_ok("http://dlr.example:80", "dlr.example:80")
+    assert not policy().origin_ok("http://dlr.example:80", "dlr.example:80")
+    # with API keys a rebinding page cannot authenticate: plain same-origin rule
+    assert policy(api_keys="k").origin_ok("http://dlr.example:80", "dlr.example:80")
+    assert policy(allowed_hosts="*").origin_ok("http://x.example", "x.example")
+
+
+def test_surrogate_path_names_the_field():
+    obj = json.loads('{"a": "ok", "messages": [{"content": "x"}, {"content": "y\\ud800"}]}')
+    assert surrogate_path(obj) == "messages.1.content"
+    assert surrogate_path(json.loads('{"text": "\\ud83d\\ude00"}')) is None  # a valid pair
+    assert surrogate_path(json.loads('{"\\udfff": 1}')) == "body"
+    assert surrogate_path(json.loads('"\\udc00"')) == "body"
+    deep = json.loads("[" * 500 + '"\\ud800"' + "]" * 500)
+    assert surrogate_path(deep) == ".".join(["0"] * 500)
+    assert may_hold_surrogates(b'"\\uD800"') and not may_hold_surrogates(b'"\\u00e9"')
+
+
+def test_json_boundary_never_writes_nan():
+    msg = {"score": float("nan"), "top": [{"score": float("inf")}, {"score": 0.5}], "n": 3}
+    out = json.loads(dumps(msg), parse_constant=lambda c: pytest.fail(c))
+    assert out == {"score": None, "top": [{"score": None}, {"score": 0.5}], "n": 3}
+    body = SafeJSONResponse({"x": -math.inf, "t": "é"}).body
+    assert json.loads(body) == {"x": None, "t": "é"}
+
+
+def test_f32_pcm_is_clamped_and_non_finite_refused():
+    x = np.array([3e38, -3e38, 0.25, -1.5, 1e-45], dtype="<f4")
+    y = decode_pcm(x.tobytes(), "pcm_f32le")
+    assert y.dtype == np.float32
+    np.testing.assert_array_equal(y, np.array([1, -1, 0.25, -1, 1e-45], dtype=np.float32))
+    with pytest.raises(ValueError, match="finite"):
+        decode_pcm(np.array([np.nan], dtype="<f4").tobytes(), "pcm_f32le")
+
+
+def test_prompt_cap_is_in_tokens_and_chunked_bodies_get_413(models_dir):
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from tests.server.conftest import make_settings
+
+    app = create_app(make_settings(models_dir, max_prompt_tokens=100, max_state_bytes=4096))
+    with TestClient(app) as c:
+        r = c.post("/v1/generate", json={"prompt": "\U0001f600" * 30, "max_new_tokens": 1})
+        assert r.status_code == 400, r.text  # 30 characters, 120 tokens
+        assert r.json()["error"]["code"] == "prompt_too_long"
+        assert r.json()["error"]["param"] == "prompt"
+        r = c.post("/v1/generate", json={"prompt": "\U0001f600" * 20, "max_new_tokens": 1})
+        assert r.status_code == 200, r.text
+        r = c.post("/v1/sessions", content=(b"\0" * 1024 for _ in range(8)))
+        assert r.status_code == 413, r.text
+        assert r.json()["error"]["code"] == "too_large"
+        r = c.post("/v1/generate", content='{"prompt": "a\\udfff"}')  # (no content type)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
