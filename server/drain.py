@@ -70,14 +70,18 @@ async def drain(store: SessionStore) -> int:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             log.error("drain: state directory %s unusable: %s", root, e)
+    sessions = list(store.live.values())
+    conns = {}
+    for sess in sessions:  # detached first: no client message is handled from here on
+        conns[sess.sid], sess.conn = sess.conn, None
     n = lost = 0
-    for sess in list(store.live.values()):
+    for sess in sessions:
         # persist first, then tell the client: `resume: true` only once its state is written
-        ok = root is not None and not sess.closed and await persist(st, sess, root)
-        n += ok
-        lost += root is not None and not ok
-        conn = sess.conn
-        sess.conn = None
+        ok = False
+        if root is not None and not sess.closed:
+            ok = await persist(st, sess, root)
+            n, lost = n + ok, lost + (not ok)
+        conn = conns.get(sess.sid)
         if conn is not None:
             await conn.going_away(sess.sid, ok)
     log.info("drain: %d session(s) persisted, %d lost, in %.2f s", n, lost, time.monotonic() - t0)
