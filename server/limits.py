@@ -85,20 +85,26 @@ class RequestLimits:
     def _reader(self, receive: Receive, limit: int) -> Receive:
         """`receive` with the size limit and the per-read deadline."""
         seen = 0
+        done = False  # the whole body arrived: later reads (disconnect listeners) wait freely
         timeout = self.settings.body_timeout_s
 
         async def read() -> Message:
-            nonlocal seen
+            nonlocal seen, done
+            if done:
+                return await receive()
             try:
                 msg = await asyncio.wait_for(receive(), timeout)
             except TimeoutError:
                 raise BodyRefused(
                     408, "request_timeout", f"request body not received within {timeout:g} s"
                 ) from None
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > limit:
-                    raise BodyRefused(413, "too_large", f"request body larger than {limit} bytes")
+            if msg["type"] != "http.request":
+                done = True
+                return msg
+            seen += len(msg.get("body", b""))
+            if seen > limit:
+                raise BodyRefused(413, "too_large", f"request body larger than {limit} bytes")
+            done = not msg.get("more_body", False)
             return msg
 
         return read

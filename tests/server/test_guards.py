@@ -1,20 +1,25 @@
 """The small guards behind the hardening fixes, one by one: the origin/Host allow-list, the
-lone-surrogate check, the JSON encoding boundary, the PCM clamp and the prompt token cap.
+lone-surrogate check, the JSON encoding boundary, the PCM clamp, the prompt token cap and the request-body limits.
 (The black-box regression tests against a real server are tests/server/test_hardening.py.)"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
 
+from server.app import create_app
 from server.jsonsafe import SafeJSONResponse, dumps
+from server.limits import RequestLimits
 from server.origin import OriginPolicy, hostname
 from server.sessions.speech import decode_pcm
 from server.settings import Settings
 from server.textcheck import may_hold_surrogates, surrogate_path
+from tests.server.conftest import make_settings
 
 
 def policy(**kw) -> OriginPolicy:
@@ -86,11 +91,6 @@ def test_f32_pcm_is_clamped_and_non_finite_refused():
 
 
 def test_prompt_cap_is_in_tokens_and_chunked_bodies_get_413(models_dir):
-    from fastapi.testclient import TestClient
-
-    from server.app import create_app
-    from tests.server.conftest import make_settings
-
     app = create_app(make_settings(models_dir, max_prompt_tokens=100, max_state_bytes=4096))
     with TestClient(app) as c:
         r = c.post("/v1/generate", json={"prompt": "\U0001f600" * 30, "max_new_tokens": 1})
@@ -104,3 +104,49 @@ def test_prompt_cap_is_in_tokens_and_chunked_bodies_get_413(models_dir):
         assert r.json()["error"]["code"] == "too_large"
         r = c.post("/v1/generate", content='{"prompt": "a\\udfff"}')  # (no content type)
         assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+
+
+def _drive(chunks: list[tuple[float, dict]]) -> tuple[list[dict], list[dict]]:
+    """Run ASGI `app` on one POST whose receive() yields `chunks` (delay s, message) in order;
+    (messages the app received, messages it sent)."""
+    got, sent = [], []
+
+    async def receive():
+        delay, msg = chunks.pop(0) if chunks else (3600, {"type": "http.disconnect"})
+        await asyncio.sleep(delay)
+        return msg
+
+    async def send(msg):
+        sent.append(msg)
+
+    async def main():
+        scope = {"type": "http", "method": "POST", "path": "/v1/x", "headers": []}
+
+        async def inner(scope, rcv, snd):
+            while True:
+                msg = await rcv()
+                got.append(msg)
+                if msg["type"] == "http.disconnect":
+                    return
+                if not msg.get("more_body"):
+                    await snd({"type": "http.response.start", "status": 200, "headers": []})
+                    await snd({"type": "http.response.body", "body": b"ok"})
+
+        await asyncio.wait_for(
+            RequestLimits(inner, Settings(body_timeout_s=0.1))(scope, receive, send), 10
+        )
+
+    asyncio.run(main())
+    return got, sent
+
+
+def test_body_deadline_covers_the_body_only():
+    body = {"type": "http.request", "body": b"{}", "more_body": False}
+    # the whole body came in time: a later wait for the disconnect (SSE) is not cut
+    got, sent = _drive([(0, body), (0.3, {"type": "http.disconnect"})])
+    assert [m["type"] for m in got] == ["http.request", "http.disconnect"]
+    assert sent[0]["status"] == 200
+    # a body that stops half-way: 408
+    part = {"type": "http.request", "body": b"{", "more_body": True}
+    got, sent = _drive([(0, part), (0.3, body)])
+    assert sent[0]["status"] == 408, sent
