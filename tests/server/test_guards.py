@@ -1,6 +1,6 @@
 """The small guards behind the hardening fixes, one by one: the origin/Host allow-list, the
-lone-surrogate check, the JSON encoding boundary, the PCM clamp, the prompt token cap and the request-body limits.
-(The black-box regression tests against a real server are tests/server/test_hardening.py.)"""
+lone-surrogate check, the JSON encoding boundary, the PCM clamp, the prompt token cap and the
+request-body limits. (The black-box regression tests against a real server are tests/server/test_hardening.py.)"""
 
 from __future__ import annotations
 
