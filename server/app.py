@@ -17,7 +17,7 @@ from .context import AppContext
 from .drain import restore_dir
 from .errors import validation_handler
 from .jsonsafe import SafeJSONResponse
-from .limits import RequestLimits
+from .limits import ConnectionCap, RequestLimits
 from .metrics import Metrics
 from .registry import load_models
 from .routes import generate, info, sessions, speech, text_stream
@@ -77,5 +77,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             expose_headers=["Retry-After", "X-Session-Kind", "X-Model"],
         )
     app.add_middleware(RequestLimits, settings=settings)  # (inside Security: keys first)
+    app.add_middleware(ConnectionCap, settings=settings)
     app.add_middleware(Security, settings=settings)
     return app

@@ -1,4 +1,5 @@
-"""Request-body limits as one ASGI middleware, applied before any route reads a byte.
+"""Request limits as ASGI middleware, applied before any route reads a byte:
+`RequestLimits` (bodies) and `ConnectionCap` (WebSockets per client address).
 
 - Size: a body larger than `max_request_bytes` (POST /v1/sessions: `max_state_bytes`) is
   refused with 413 `too_large`: at once when its `Content-Length` says so, and for a chunked
@@ -16,14 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import error_body
+from .errors import asgi_error, asgi_ws_refuse
 from .settings import Settings
 from .textcheck import may_hold_surrogates, surrogate_message, surrogate_path
 
 BODY_METHODS = {"POST", "PUT", "PATCH"}
+CLOSE = [(b"connection", b"close")]  # (the rest of a refused body is never read)
 
 
 class BodyRefused(Exception):
@@ -32,15 +35,6 @@ class BodyRefused(Exception):
     def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.param = status, code, param
-
-
-async def send_error(send: Send, status: int, message: str, code: str, param=None) -> None:
-    body = json.dumps(error_body(message, code, param=param)).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    if status in (408, 413):
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 class RequestLimits:
@@ -61,8 +55,8 @@ class RequestLimits:
         headers = {k.lower(): v for k, v in scope["headers"]}
         length = headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > limit:
-            return await send_error(
-                send, 413, f"request body larger than {limit} bytes", "too_large"
+            return await asgi_error(
+                send, 413, f"request body larger than {limit} bytes", "too_large", None, CLOSE
             )
         started = False
 
@@ -80,7 +74,7 @@ class RequestLimits:
         except BodyRefused as e:
             if started:  # (the route answered already; nothing more can be said)
                 return
-            await send_error(send, e.status, str(e), e.code, e.param)
+            await asgi_error(send, e.status, str(e), e.code, e.param, CLOSE)
 
     def _reader(self, receive: Receive, limit: int) -> Receive:
         """`receive` with the size limit and the per-read deadline."""
@@ -137,3 +131,36 @@ class RequestLimits:
             return await receive()
 
         return replay
+
+
+class ConnectionCap:
+    """At most `max_connections_per_client` open WebSockets per client address (0 = no cap):
+    one more is refused at the handshake (429 `too_many_connections`; close 1013 where the
+    server cannot answer in HTTP), so one address cannot hold every socket or slot."""
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.cap = settings.max_connections_per_client
+        self.open: Counter[str] = Counter()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "websocket" or self.cap <= 0:
+            return await self.app(scope, receive, send)
+        client = (scope.get("client") or ("",))[0]
+        if self.open[client] >= self.cap:
+            return await asgi_ws_refuse(
+                scope,
+                receive,
+                send,
+                429,
+                f"more than max_connections_per_client={self.cap} WebSockets from {client}",
+                "too_many_connections",
+                close_code=1013,
+            )
+        self.open[client] += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.open[client] -= 1
+            if self.open[client] <= 0:
+                del self.open[client]

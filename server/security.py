@@ -21,17 +21,17 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .errors import error_body
+from .errors import asgi_error, asgi_ws_refuse
 from .origin import OriginPolicy
 from .settings import Settings
 
 PUBLIC_PATHS = {"/healthz", "/readyz", "/metrics"}
 API_PREFIXES = ("/v1/", "/docs", "/redoc", "/openapi.json")
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
+AUTHENTICATE = [(b"www-authenticate", b'Bearer realm="dlr-serve"')]
 
 
 def _digest(key: str) -> bytes:
@@ -72,13 +72,13 @@ class Security:
         if scope["type"] == "websocket":
             return await self._websocket(scope, receive, send, headers, path)
         if scope.get("method") not in SAFE_METHODS and not self.origin_ok(headers):
-            return await self._http_error(send, 403, "origin not allowed", "forbidden_origin")
+            return await asgi_error(send, 403, "origin not allowed", "forbidden_origin")
         if self.needs_key(path) and scope.get("method") != "OPTIONS":
             auth = headers.get("authorization", "")
             token = auth[7:].strip() if auth[:7].lower() == "bearer " else None
             if not self.key_ok(token):
-                return await self._http_error(
-                    send, 401, "missing or invalid API key", "unauthorized"
+                return await asgi_error(
+                    send, 401, "missing or invalid API key", "unauthorized", None, AUTHENTICATE
                 )
         return await self.app(scope, receive, send)
 
@@ -91,7 +91,7 @@ class Security:
         if names:
             scope["dlr.subprotocol"] = "dlr.v1" if "dlr.v1" in names else names[0]
         if not self.origin_ok(headers):
-            return await self._ws_refuse(
+            return await asgi_ws_refuse(
                 scope, receive, send, 403, "origin not allowed", "forbidden_origin"
             )
         if self.needs_key(path):
@@ -100,34 +100,7 @@ class Security:
             if token is None and bearer is not None:
                 token = bearer[len("bearer.") :]
             if not self.key_ok(token):
-                return await self._ws_refuse(
+                return await asgi_ws_refuse(
                     scope, receive, send, 401, "missing or invalid API key", "unauthorized"
                 )
         return await self.app(scope, receive, send)
-
-    @staticmethod
-    async def _http_error(send: Send, status: int, message: str, code: str) -> None:
-        body = json.dumps(error_body(message, code)).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-        ]
-        if status == 401:
-            headers.append((b"www-authenticate", b'Bearer realm="dlr-serve"'))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-
-    async def _ws_refuse(self, scope, receive, send, status: int, message: str, code: str) -> None:
-        await receive()  # websocket.connect
-        if "websocket.http.response" in scope.get("extensions", {}):
-            body = json.dumps(error_body(message, code)).encode()
-            await send(
-                {
-                    "type": "websocket.http.response.start",
-                    "status": status,
-                    "headers": [(b"content-type", b"application/json")],
-                }
-            )
-            await send({"type": "websocket.http.response.body", "body": body})
-        else:
-            await send({"type": "websocket.close", "code": 1008, "reason": code})

@@ -137,6 +137,9 @@ class Settings(BaseSettings):
         10.0, gt=0, description="408 when a request body read waits longer than this"
     )
     keep_alive_s: float = Field(5.0, gt=0, description="close idle keep-alive connections")
+    max_connections_per_client: int = Field(
+        128, ge=0, description="open WebSockets one client address may hold (0 = no cap)"
+    )
     max_detached_per_client: int = Field(
         4,
         ge=0,

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import pytest
+import websockets
 from fastapi.testclient import TestClient
 
 from server.app import create_app
@@ -20,6 +21,8 @@ from server.sessions.speech import decode_pcm
 from server.settings import Settings
 from server.textcheck import may_hold_surrogates, surrogate_path
 from tests.server.conftest import make_settings
+from tests.server.live import LiveServer
+from tests.server.wshelp import TEXT
 
 
 def policy(**kw) -> OriginPolicy:
@@ -150,3 +153,25 @@ def test_body_deadline_covers_the_body_only():
     part = {"type": "http.request", "body": b"{", "more_body": True}
     got, sent = _drive([(0, part), (0.3, body)])
     assert sent[0]["status"] == 408, sent
+
+
+def test_websockets_per_client_are_capped(models_dir):
+    async def main(url: str) -> None:
+        held = [await websockets.connect(url + TEXT) for _ in range(2)]
+        with pytest.raises(websockets.InvalidStatus) as e:
+            await websockets.connect(url + TEXT)
+        assert e.value.response.status_code == 429
+        await held[0].close()
+        for _ in range(100):  # a freed place is usable again (once the server saw the close)
+            try:
+                again = await websockets.connect(url + TEXT)
+                break
+            except websockets.InvalidStatus:
+                await asyncio.sleep(0.05)
+        else:
+            pytest.fail("the closed connection's place was never freed")
+        for ws in (again, held[1]):
+            await ws.close()
+
+    with LiveServer(make_settings(models_dir, max_connections_per_client=2)) as srv:
+        asyncio.run(asyncio.wait_for(main(srv.ws), 60))
