@@ -19,6 +19,8 @@ from .context import AppContext
 from .drain import restore_dir
 from .durable import Durable
 from .errors import validation_handler
+from .jsonsafe import SafeJSONResponse
+from .limits import ConnectionCap, RequestLimits
 from .metrics import Metrics
 from .registry import load_models
 from .routes import generate, info, openai_text, responses, sessions, speech, text_stream
@@ -74,7 +76,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 await m.scheduler.stop()
             await st.durable.close(settings.drain_timeout_s)
 
-    app = FastAPI(title="dlr-serve", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(
+        title="dlr-serve",
+        version="0.1.0",
+        lifespan=lifespan,
+        default_response_class=SafeJSONResponse,
+    )
     app.state.dlr = st
     app.state.sessions = store
     app.add_exception_handler(RequestValidationError, validation_handler)
@@ -91,5 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_headers=["Authorization", "Content-Type", "X-Resume-Token"],
             expose_headers=["Retry-After", "X-Session-Kind", "X-Model"],
         )
+    app.add_middleware(RequestLimits, settings=settings)  # (inside Security: keys first)
+    app.add_middleware(ConnectionCap, settings=settings)
     app.add_middleware(Security, settings=settings)
     return app

@@ -14,6 +14,7 @@ from pydantic_settings import SettingsConfigDict
 
 from .app import create_app
 from .drain import DrainingServer
+from .http_deadline import deadline_protocol
 from .settings import Settings
 
 
@@ -49,7 +50,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def uvicorn_config(app, settings: Settings, **kw) -> uvicorn.Config:
-    """uvicorn settings of the server: frame size, keepalive pings, limits."""
+    """uvicorn settings of the server: frame size, keepalive pings, limits, read deadlines
+    (headers: `header_timeout_s`, idle keep-alive: `keep_alive_s`; bodies: server/limits.py)."""
     base = dict(
         host=settings.host,
         port=settings.port,
@@ -60,6 +62,9 @@ def uvicorn_config(app, settings: Settings, **kw) -> uvicorn.Config:
         ws_ping_timeout=settings.ws_ping_timeout_s,
         ws_per_message_deflate=settings.ws_compression,
         timeout_graceful_shutdown=settings.drain_timeout_s + 5,
+        http=deadline_protocol(settings.header_timeout_s),
+        timeout_keep_alive=settings.keep_alive_s,
+        h11_max_incomplete_event_size=64 * 1024,  # (headers; the httptools parser caps its own)
         lifespan="on",
     )
     base.update(kw)

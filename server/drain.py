@@ -4,9 +4,12 @@
 finishes (queued whole audio frames are processed, running generations complete) for at most
 `drain_timeout_s` (then generations are cancelled at a batch boundary, which keeps every
 sampled token in the state); every connected client gets `{"type":"going_away",...,
-"resume":true}` and a close 1001; then, with `state_dir` set, every live session's state is
-written there, one file per session (`<session_id>.state`, written to a temporary name, fsynced
-and renamed, so a file is complete or absent). `DrainingServer` runs the drain before uvicorn's
+"resume":...}` and a close 1001. With `state_dir` set, each live session's state is written
+there first, independently of the others (`<session_id>.state`, written to a temporary name,
+fsynced and renamed, so a file is complete or absent; a failed write removes its temporary
+file), and its client is told `resume: true` only once that succeeded; a session that could
+not be written is logged by id and counted (`dlr_sessions_persisted_total{event="lost"}`),
+and its client is told `resume: false`. `DrainingServer` runs the drain before uvicorn's
 own shutdown closes the sockets.
 
 With a durable state store (`DLR_STATE_STORE` dir: or redis://) every live session also gets a
@@ -65,30 +68,51 @@ async def drain(store: SessionStore) -> int:
     for sess in live:
         sess.cancel()
     await _wait(lambda: not any(s.busy() for s in live), time.monotonic() + 5)
-    n = await checkpoint_all(store)  # (before going_away: a client may resume elsewhere at once)
+    stored = await checkpoint_all(store)  # (first: a client may resume elsewhere at once)
     d = st.durable
-    resumable = settings.state_dir is not None or (d is not None and d.checkpoints)
-    for sess in list(store.live.values()):
-        conn = sess.conn
-        sess.conn = None
+    durable = d is not None and d.checkpoints and not d.writer.backlog
+    root = Path(settings.state_dir) if settings.state_dir is not None else None
+    if root is not None:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            log.error("drain: state directory %s unusable: %s", root, e)
+    sessions = list(store.live.values())
+    conns = {}
+    for sess in sessions:  # detached first: no client message is handled from here on
+        conns[sess.sid], sess.conn = sess.conn, None
+    n = lost = 0
+    for sess in sessions:
+        # persist first, then tell the client: `resume: true` only once its state is written
+        ok = durable
+        if root is not None and not sess.closed:
+            written = await persist(st, sess, root)
+            n, ok = n + written, ok or written
+        lost += not ok
+        conn = conns.get(sess.sid)
         if conn is not None:
-            await conn.going_away(sess.sid, resumable)
-    if settings.state_dir is not None:
-        root = Path(settings.state_dir)
-        root.mkdir(parents=True, exist_ok=True)
-        for sess in list(store.live.values()):
-            if sess.closed:
-                continue
-            try:
-                blob = await sess.export(persist=True)
-            except (SnapshotError, RuntimeError) as e:
-                log.error("drain: session %s not persisted: %s", sess.sid, e)
-                continue
-            write_atomic(root / f"{sess.sid}{SUFFIX}", blob)
-            st.metrics.persisted.labels("written").inc()
-            n += 1
-    log.info("drain: %d session(s) persisted in %.2f s", n, time.monotonic() - t0)
-    return n
+            await conn.going_away(sess.sid, ok)
+    log.info(
+        "drain: %d session(s) persisted, %d checkpointed to the store, %d lost, in %.2f s",
+        n,
+        stored,
+        lost,
+        time.monotonic() - t0,
+    )
+    return n + stored
+
+
+async def persist(st, sess, root: Path) -> bool:
+    """Write one session's state to `root`; False (logged, counted) when it could not be."""
+    try:
+        blob = await sess.export(persist=True)
+        write_atomic(root / f"{sess.sid}{SUFFIX}", blob)
+    except (SnapshotError, RuntimeError, OSError) as e:
+        log.error("drain: session %s not persisted (it cannot resume): %s", sess.sid, e)
+        st.metrics.persisted.labels("lost").inc()
+        return False
+    st.metrics.persisted.labels("written").inc()
+    return True
 
 
 async def checkpoint_all(store: SessionStore) -> int:
@@ -108,12 +132,17 @@ async def checkpoint_all(store: SessionStore) -> int:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
+    """`path` holds `data` completely or is left as it was; no temporary file remains."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     dfd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dfd)

@@ -7,6 +7,7 @@ errors also keep FastAPI's "detail" list); WebSocket errors are
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import Request
@@ -17,6 +18,7 @@ from fastapi.responses import JSONResponse
 WS_CLOSE = {
     "invalid_json": 1003,
     "invalid_audio": 1003,
+    "invalid_text": 1007,  # (a lone surrogate: not valid Unicode text)
     "invalid_message": 1008,
     "no_session": 1008,
     "unknown_model": 1008,
@@ -45,6 +47,37 @@ def api_error(
     return JSONResponse(
         error_body(message, code, type_, param), status_code=status, headers=headers
     )
+
+
+async def asgi_error(
+    send, status: int, message: str, code: str, param: str | None = None, extra_headers=()
+) -> None:
+    """An HTTP error response sent by an ASGI middleware (before any route ran)."""
+    body = json.dumps(error_body(message, code, param=param)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    headers.extend(extra_headers)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def asgi_ws_refuse(
+    scope, receive, send, status: int, message: str, code: str, close_code: int = 1008
+) -> None:
+    """Refuse a WebSocket handshake: an HTTP `status` JSON answer where the server supports
+    it, else a close with `close_code`."""
+    await receive()  # websocket.connect
+    if "websocket.http.response" in scope.get("extensions", {}):
+        body = json.dumps(error_body(message, code)).encode()
+        await send(
+            {
+                "type": "websocket.http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:
+        await send({"type": "websocket.close", "code": close_code, "reason": code})
 
 
 def field_name(loc: tuple[Any, ...]) -> str:

@@ -153,7 +153,7 @@ class Metrics:
         )
         self.persisted = Counter(
             "dlr_sessions_persisted_total",
-            "Session states written or restored",
+            "Session states written, lost (not written on drain), restored or failed to restore",
             ["event"],
             registry=r,
         )

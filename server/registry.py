@@ -130,6 +130,7 @@ def load_models(settings: Settings, metrics: Metrics) -> dict[str, ModelEntry]:
                 if engine.kind == "lm" and settings.prefix_cache_mb > 0
                 else None
             ),
+            max_prefill_tokens_decoding=settings.max_prefill_tokens_decoding,
         )
         meta = dict(rec.checkpoint_metadata or {})
         models[path.name] = ModelEntry(path.name, engine.kind, engine, sched, path, metadata=meta)

@@ -73,6 +73,7 @@ class Scheduler:
         torch_threads: int = 0,
         max_prefill_tokens: int = 2048,
         prefix_cache: PrefixCache | None = None,
+        max_prefill_tokens_decoding: int = 256,
     ) -> None:
         self.engine = engine
         self.prefix_cache = prefix_cache  # exact prompt states of this model (None: off)
@@ -83,6 +84,11 @@ class Scheduler:
         self.max_chunk_frames = max_chunk_frames
         block = engine.prefill_block  # slices on block boundaries keep each prompt's pieces
         self.max_prefill_tokens = max(1, max_prefill_tokens // block) * block
+        # while generations are decoding, prompt pieces are shorter: every batch carries a
+        # decode step of each running generation, so this bounds the stall a long prompt
+        # adds between two tokens of another session
+        shared = min(max_prefill_tokens_decoding, max_prefill_tokens)
+        self.max_prefill_tokens_decoding = max(1, shared // block) * block
         self._executor = ThreadPoolExecutor(  # torch's thread count is per calling thread
             1,
             thread_name_prefix=f"engine-{engine.name}",
@@ -338,10 +344,10 @@ class Scheduler:
         return b
 
     def _add_prefill(self, b: Batch, item: Any, toks: list[int], carry: list) -> None:
-        """Add at most `max_prefill_tokens` of a prompt (so decodes of other sessions are not
-        held up by a long prompt), never past a prefix-cache insert point; the rest waits in
-        `carry`."""
-        n = self.max_prefill_tokens
+        """Add at most `max_prefill_tokens` of a prompt (`max_prefill_tokens_decoding` when the
+        batch has decode steps: a long prompt is interleaved with other sessions' tokens), never
+        past a prefix-cache insert point; the rest waits in `carry`, first in the next batch."""
+        n = self.max_prefill_tokens_decoding if b.decode else self.max_prefill_tokens
         plan = item.plan if isinstance(item, Prefill) else None
         end = None
         if plan is not None:

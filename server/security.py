@@ -1,35 +1,37 @@
-"""API keys, WebSocket origin checks and request-size limits, as one ASGI middleware.
+"""API keys and browser-origin checks, as one ASGI middleware.
 
 - API keys (`api_keys` setting, comma-separated): when set, every HTTP and WebSocket endpoint
   except `/healthz`, `/readyz`, `/metrics` and the static browser page needs one, as
   `Authorization: Bearer <key>` or, for WebSockets (browsers cannot set headers), as a
-  subprotocol `bearer.<key>` (the server echoes the chosen subprotocol, preferring `dlr.v1`
-  when offered). Keys are compared with `hmac.compare_digest` over their sha256 (constant
-  time, independent of the key length). Refusals: HTTP 401 JSON with `WWW-Authenticate`;
-  WebSocket handshakes get an HTTP 401 JSON response (close 1008 where the server cannot send
-  one).
-- Origins: a WebSocket handshake whose `Origin` is neither the server's own origin nor listed in
-  `cors_origins` is refused with 403 (cross-site WebSocket hijacking); HTTP CORS for the same
-  list is Starlette's `CORSMiddleware` (added by `create_app`). No `Origin` (non-browser
-  clients) is always accepted.
-- Request bodies larger than `max_request_bytes` (POST /v1/sessions: `max_state_bytes`) are
-  refused with 413 before they are read.
+  subprotocol `bearer.<key>`. The handshake's answer names `dlr.v1` when it was offered (or
+  another offered protocol), never a `bearer.` one: the key is never echoed back. Keys are
+  compared with `hmac.compare_digest` over their sha256 (constant time, independent of the key
+  length). Refusals: HTTP 401 JSON with `WWW-Authenticate`; WebSocket handshakes get an HTTP
+  401 JSON response (close 1008 where the server cannot send one).
+- Origins (server/origin.py): a WebSocket handshake, or a state-changing HTTP request (POST,
+  PUT, PATCH, DELETE), whose `Origin` is not allowed is refused with 403 `forbidden_origin`
+  (cross-site requests, cross-site WebSocket hijacking, DNS rebinding). HTTP CORS for the
+  `cors_origins` list is Starlette's `CORSMiddleware` (added by `create_app`). No `Origin`
+  (non-browser clients) is always accepted.
+
+Request-body limits (size, read deadline, text) are server/limits.py.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import json
-from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .errors import error_body
+from .errors import asgi_error, asgi_ws_refuse
+from .origin import OriginPolicy
 from .settings import Settings
 
 PUBLIC_PATHS = {"/healthz", "/readyz", "/metrics"}
 API_PREFIXES = ("/v1/", "/docs", "/redoc", "/openapi.json")
+SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
+AUTHENTICATE = [(b"www-authenticate", b'Bearer realm="dlr-serve"')]
 
 
 def _digest(key: str) -> bytes:
@@ -43,7 +45,7 @@ class Security:
         self.app = app
         self.settings = settings
         self.keys = [_digest(k) for k in settings.key_list()]
-        self.origins = set(settings.origin_list())
+        self.policy = OriginPolicy.of(settings)
 
     # ------------------------------------------------------------------ checks
     def key_ok(self, token: str | None) -> bool:
@@ -58,12 +60,8 @@ class Security:
     def needs_key(self, path: str) -> bool:
         return bool(self.keys) and path not in PUBLIC_PATHS and path.startswith(API_PREFIXES)
 
-    def origin_ok(self, scope: Scope, headers: dict[str, str]) -> bool:
-        origin = headers.get("origin")
-        if origin is None or "*" in self.origins or origin.rstrip("/") in self.origins:
-            return True
-        host = headers.get("host", "")
-        return urlsplit(origin).netloc.lower() == host.lower() != ""
+    def origin_ok(self, headers: dict[str, str]) -> bool:
+        return self.policy.origin_ok(headers.get("origin"), headers.get("host", ""))
 
     # ------------------------------------------------------------------ ASGI
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -73,47 +71,27 @@ class Security:
         path = scope.get("path", "")
         if scope["type"] == "websocket":
             return await self._websocket(scope, receive, send, headers, path)
+        if scope.get("method") not in SAFE_METHODS and not self.origin_ok(headers):
+            return await asgi_error(send, 403, "origin not allowed", "forbidden_origin")
         if self.needs_key(path) and scope.get("method") != "OPTIONS":
             auth = headers.get("authorization", "")
             token = auth[7:].strip() if auth[:7].lower() == "bearer " else None
             if not self.key_ok(token):
-                return await self._http_error(
-                    send, 401, "missing or invalid API key", "unauthorized"
+                return await asgi_error(
+                    send, 401, "missing or invalid API key", "unauthorized", None, AUTHENTICATE
                 )
-        limit = self.settings.max_request_bytes
-        if path == "/v1/sessions":
-            limit = self.settings.max_state_bytes
-        length = headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > limit:
-            return await self._http_error(
-                send, 413, f"request body larger than {limit} bytes", "request_too_large"
-            )
-        return await self.app(scope, self._limited(receive, limit), send)
-
-    def _limited(self, receive: Receive, limit: int) -> Receive:
-        """Stop a chunked body without content-length once it exceeds `limit`."""
-        seen = 0
-
-        async def wrapped():
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > limit:
-                    return {"type": "http.disconnect"}
-            return msg
-
-        return wrapped
+        return await self.app(scope, receive, send)
 
     async def _websocket(self, scope, receive, send, headers, path) -> None:
         offered = [
             p.strip() for p in headers.get("sec-websocket-protocol", "").split(",") if p.strip()
         ]
         bearer = next((p for p in offered if p.startswith("bearer.")), None)
-        if offered:
-            scope["dlr.subprotocol"] = "dlr.v1" if "dlr.v1" in offered else (bearer or offered[0])
-        if not self.origin_ok(scope, headers):
-            return await self._ws_refuse(
+        names = [p for p in offered if not p.startswith("bearer.")]  # (never echo a key)
+        if names:
+            scope["dlr.subprotocol"] = "dlr.v1" if "dlr.v1" in names else names[0]
+        if not self.origin_ok(headers):
+            return await asgi_ws_refuse(
                 scope, receive, send, 403, "origin not allowed", "forbidden_origin"
             )
         if self.needs_key(path):
@@ -122,34 +100,7 @@ class Security:
             if token is None and bearer is not None:
                 token = bearer[len("bearer.") :]
             if not self.key_ok(token):
-                return await self._ws_refuse(
+                return await asgi_ws_refuse(
                     scope, receive, send, 401, "missing or invalid API key", "unauthorized"
                 )
         return await self.app(scope, receive, send)
-
-    @staticmethod
-    async def _http_error(send: Send, status: int, message: str, code: str) -> None:
-        body = json.dumps(error_body(message, code)).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-        ]
-        if status == 401:
-            headers.append((b"www-authenticate", b'Bearer realm="dlr-serve"'))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-
-    async def _ws_refuse(self, scope, receive, send, status: int, message: str, code: str) -> None:
-        await receive()  # websocket.connect
-        if "websocket.http.response" in scope.get("extensions", {}):
-            body = json.dumps(error_body(message, code)).encode()
-            await send(
-                {
-                    "type": "websocket.http.response.start",
-                    "status": status,
-                    "headers": [(b"content-type", b"application/json")],
-                }
-            )
-            await send({"type": "websocket.http.response.body", "body": body})
-        else:
-            await send({"type": "websocket.close", "code": 1008, "reason": code})

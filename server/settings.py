@@ -47,6 +47,11 @@ class Settings(BaseSettings):
     max_prefill_tokens: int = Field(
         2048, ge=1, description="prompt tokens one session prefills per batch at most"
     )
+    max_prefill_tokens_decoding: int = Field(
+        256,
+        ge=1,
+        description="the same while other sessions are generating (bounds their token stall)",
+    )
     max_chunk_frames: int = Field(
         64, ge=1, description="audio frames one speech session feeds per batch at most"
     )
@@ -59,6 +64,11 @@ class Settings(BaseSettings):
     )
     max_new_tokens: int = Field(1024, ge=1, description="cap on tokens generated per request")
     max_prompt_chars: int = Field(65536, ge=1, description="largest prompt or appended text")
+    max_prompt_tokens: int = Field(
+        65536,
+        ge=1,
+        description="largest prompt, or text appended at once, in tokens (refused with 400)",
+    )
     # ---- prefix-state cache and stored responses (OpenAI surface)
     prefix_cache_mb: float = Field(
         256.0, ge=0, description="exact prompt states cached per model, MiB (0 = off)"
@@ -159,6 +169,27 @@ class Settings(BaseSettings):
         description="comma-separated origins allowed cross-origin (HTTP CORS and WebSocket "
         "Origin); '*' = any; same-origin always works",
     )
+    allowed_hosts: str = Field(
+        "",
+        description="comma-separated Host names trusted for browser requests without API keys "
+        "(besides loopback, IP literals and `host`); '*' = any",
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="close a connection whose request headers take longer"
+    )
+    body_timeout_s: float = Field(
+        10.0, gt=0, description="408 when a request body read waits longer than this"
+    )
+    keep_alive_s: float = Field(5.0, gt=0, description="close idle keep-alive connections")
+    max_connections_per_client: int = Field(
+        128, ge=0, description="open WebSockets one client address may hold (0 = no cap)"
+    )
+    max_detached_per_client: int = Field(
+        4,
+        ge=0,
+        description="dropped sessions one client address may keep for resume; beyond, its "
+        "oldest is closed (0 = no cap)",
+    )
     max_request_bytes: int = Field(
         1 << 20,
         ge=1024,
@@ -167,6 +198,9 @@ class Settings(BaseSettings):
 
     def key_list(self) -> list[str]:
         return [k.strip() for k in self.api_keys.split(",") if k.strip()]
+
+    def allowed_host_list(self) -> list[str]:
+        return [h.strip() for h in self.allowed_hosts.split(",") if h.strip()]
 
     def origin_list(self) -> list[str]:
         return [o.strip().rstrip("/") for o in self.cors_origins.split(",") if o.strip()]

@@ -16,8 +16,10 @@ from starlette.websockets import WebSocketState
 
 from .admission import Refusal
 from .errors import WS_CLOSE, Closed
+from .jsonsafe import dumps
 from .metrics import Metrics
 from .settings import Settings
+from .textcheck import may_hold_surrogates, surrogate_message, surrogate_path
 
 # server errors that close a session and count as an eviction (metric reason = the code)
 EVICTIONS = ("idle_timeout", "queue_full", "frame_too_big", "internal_error", "going_away")
@@ -41,7 +43,7 @@ class Conn:
             raise Closed("gone", by_client=True, code=1006)
         async with self.lock:
             try:
-                await self.ws.send_text(json.dumps(msg))
+                await self.ws.send_text(dumps(msg))
             except Exception as e:  # noqa: BLE001  (peer went away while sending)
                 raise Closed("gone", by_client=True, code=1006) from e
 
@@ -91,6 +93,8 @@ class Conn:
             raise await self.fail("invalid_json", f"message is not valid JSON: {e}") from None
         if not isinstance(obj, dict):
             raise await self.fail("invalid_message", "message must be a JSON object")
+        if may_hold_surrogates(text) and (path := surrogate_path(obj)) is not None:
+            raise await self.fail("invalid_text", surrogate_message(path), param=path)
         return obj
 
     async def accept(self) -> None:

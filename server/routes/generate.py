@@ -22,7 +22,7 @@ from ..context import AppContext, CtxDep
 from ..errors import NoModelError, api_error
 from ..events import Done, Failed, Token
 from ..protocol import GenerateRequest, SamplingFields
-from ..sessions.text import Run, open_generation
+from ..sessions.text import PromptTooLong, Run, open_generation
 from .openai_shared import sse
 
 router = APIRouter()
@@ -60,6 +60,8 @@ async def _open(
         return await open_generation(ctx, m, prompt, req, max_tokens)
     except PoolFullError:
         return pool_full(ctx, m).response()
+    except PromptTooLong as e:
+        return api_error(400, str(e), "prompt_too_long", e.field)
 
 
 def _usage(prompt_tokens: int, completion_tokens: int, total: bool = False) -> dict:

@@ -3,7 +3,6 @@ model pick and admission, settings limits of a job, starting its choices, SSE fr
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
@@ -19,6 +18,7 @@ from ..chat_template import ChatTemplate
 from ..context import AppContext
 from ..errors import NoModelError, api_error
 from ..events import Failed
+from ..jsonsafe import dumps
 from ..openai_protocol import TextJob, UnsupportedField
 from ..registry import ModelEntry
 from ..sessions.choices import Choices, StartState, open_choices
@@ -96,7 +96,7 @@ def sse(owner: Any, events: AsyncIterator[dict | str | ServerSentEvent]) -> Even
     async def gen() -> AsyncIterator[str | ServerSentEvent]:
         async with aclosing(events):
             async for ev in events:
-                yield json.dumps(ev) if isinstance(ev, dict) else ev
+                yield dumps(ev) if isinstance(ev, dict) else ev
 
     return EventSourceResponse(
         gen(),

@@ -42,7 +42,9 @@ def result(kind: str, labels: list[str], scores: Scores | None, audio_ms: float)
 
 
 def decode_pcm(data: bytes, encoding: str) -> np.ndarray:
-    """PCM bytes -> float32 samples in [-1, 1]; ValueError for bad length or values."""
+    """PCM bytes -> float32 samples in [-1, 1]; ValueError for bad length or non-finite values.
+    `pcm_f32le` samples beyond full scale are clamped to [-1, 1] (like a DAC clips), so no
+    client value can overflow the model's arithmetic into NaN."""
     width = 2 if encoding == "pcm_s16le" else 4
     if len(data) % width:
         raise ValueError(f"{encoding} frames must be a multiple of {width} bytes, got {len(data)}")
@@ -51,7 +53,7 @@ def decode_pcm(data: bytes, encoding: str) -> np.ndarray:
     x = np.frombuffer(data, dtype="<f4").astype(np.float32)
     if not np.isfinite(x).all():
         raise ValueError("pcm_f32le samples must be finite")
-    return x
+    return np.clip(x, -1.0, 1.0)
 
 
 def _b64(x: torch.Tensor) -> str:
@@ -204,6 +206,15 @@ class SpeechSession(LiveSession):
             x = decode_pcm(data, self.start.encoding)
         except ValueError as e:
             raise await self.fail(conn, "invalid_audio", str(e)) from None
+        settings = self.settings
+        queued = self.stream.buffered / self.rate + len(x) / self.start.sample_rate  # seconds
+        if queued > settings.max_queued_audio_s:  # (checked before it costs any resampling)
+            raise await self.fail(
+                conn,
+                "queue_full",
+                f"{queued:.1f} s of audio waiting with this frame exceeds "
+                f"max_queued_audio_s={settings.max_queued_audio_s:g}",
+            )
         try:
             async with self.audio_lock:
                 await self.m.scheduler.push_audio(self.stream, torch.from_numpy(x))
@@ -211,16 +222,7 @@ class SpeechSession(LiveSession):
             self.checkpoint_due()
         except Exception as e:  # noqa: BLE001  (its resampling failed)
             raise await self.fail(conn, "internal_error", str(e)) from None
-        settings = self.settings
-        s = self.stream
-        if s.buffered / self.rate > settings.max_queued_audio_s:
-            raise await self.fail(
-                conn,
-                "queue_full",
-                f"{s.buffered / self.rate:.1f} s of audio waiting exceeds "
-                f"max_queued_audio_s={settings.max_queued_audio_s:g}",
-            )
-        if s.buffered / self.rate > settings.backpressure_audio_s:
+        if self.stream.buffered / self.rate > settings.backpressure_audio_s:
             await self._hold_back(conn)
         if self.closed:
             raise Closed("internal_error")

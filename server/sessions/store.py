@@ -123,6 +123,7 @@ class LiveSession:
         self.completed = False  # its work is over; only a final message may await replay
         self.t0 = time.perf_counter()
         self.detached_since: float | None = None
+        self.detached_from = ""  # the client address whose connection dropped it
         self._expiry: asyncio.Task | None = None
         self.parked = False  # its state is in the parked tier, it holds no slot
         self.idle_since = time.monotonic()  # end of its last turn (parking picks the oldest)
@@ -361,6 +362,7 @@ class SessionStore:
         """The connection is gone: keep the session for `resume_grace_s` (or close it)."""
         if sess.closed or sess.detached_since is not None:
             return
+        client = getattr(sess.conn.ws, "client", None) if sess.conn is not None else None
         sess.conn = None
         if self.ctx.draining:  # the drain persists it
             return
@@ -369,8 +371,28 @@ class SessionStore:
             self.spawn(self.finish(sess, "client_gone"))
             return
         sess.detached_since = time.perf_counter()
+        sess.detached_from = client.host if client is not None else ""
         self.ctx.metrics.detached.inc()
         sess._expiry = asyncio.get_running_loop().create_task(self._expire(sess, grace))
+        self._cap_detached(sess.detached_from)
+
+    def _cap_detached(self, client: str) -> None:
+        """One client address keeps at most `max_detached_per_client` dropped sessions: its
+        oldest beyond that are closed now (eviction reason `detached_cap`), so a client that
+        drops connections on purpose cannot hold every slot for the resume grace."""
+        cap = self.ctx.settings.max_detached_per_client
+        if cap <= 0 or not client:
+            return
+        mine = [
+            x
+            for x in self.live.values()
+            if x.detached_since is not None and x.detached_from == client and not x.closed
+        ]
+        mine.sort(key=lambda x: x.detached_since or 0.0)
+        for old in mine[: max(0, len(mine) - cap)]:
+            self._undetach(old)  # (counted out now; finish completes it)
+            self.ctx.metrics.evictions.labels(old.m.name, "detached_cap").inc()
+            self.spawn(self.finish(old, "detached_cap"))
 
     async def _expire(self, sess: LiveSession, grace: float) -> None:
         await asyncio.sleep(grace)

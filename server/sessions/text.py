@@ -31,6 +31,23 @@ from ..ws import Conn
 from .store import LiveSession, SessionStore, owned_slot
 
 
+class PromptTooLong(ValueError):
+    """A prompt (or appended text) longer than `max_prompt_tokens` tokens."""
+
+    def __init__(self, field: str, n: int, limit: int) -> None:
+        super().__init__(f"{field}: {n} tokens, more than max_prompt_tokens={limit}")
+        self.field = field
+
+
+def encode_capped(m: ModelEntry, text: str, limit: int, field: str) -> list[int]:
+    """`text` as tokens of `m`; PromptTooLong beyond `limit` tokens (the cap is in tokens:
+    characters of up to 4 UTF-8 bytes make up to 4 byte-level tokens each)."""
+    toks = m.engine.tokenizer.encode(text)
+    if len(toks) > limit:
+        raise PromptTooLong(field, len(toks), limit)
+    return toks
+
+
 class TextLive(LiveSession):
     kind = "text"
     position_keys = ("messages_received",)
@@ -125,8 +142,11 @@ class TextLive(LiveSession):
             raise await self.fail(
                 conn, "invalid_message", f"text: longer than max_prompt_chars={limit}"
             )
+        try:
+            toks = encode_capped(self.m, msg.text, self.settings.max_prompt_tokens, "text")
+        except PromptTooLong as e:
+            raise await self.fail(conn, "invalid_message", str(e)) from None
         self.messages_received += 1
-        toks = self.m.engine.tokenizer.encode(msg.text)
         if not toks:
             return
         feed = self.text.pending + toks
@@ -382,8 +402,9 @@ class Run:
 async def open_generation(
     ctx: AppContext, m: ModelEntry, prompt: str, req: SamplingFields, max_tokens: int
 ) -> Run:
-    """Take a slot for [bos] + prompt (PoolFullError when none is free); the `Run` owns it."""
-    tok = m.engine.tokenizer
-    feed = [tok.bos, *tok.encode(prompt)]
+    """Take a slot for [bos] + prompt (PoolFullError when none is free, PromptTooLong beyond
+    `max_prompt_tokens`); the `Run` owns it."""
+    toks = encode_capped(m, prompt, ctx.settings.max_prompt_tokens, "prompt")
+    feed = [m.engine.tokenizer.bos, *toks]
     async with owned_slot(m) as slot:
         return Run(ctx, m, slot, feed, req.to_sampling(max_tokens))

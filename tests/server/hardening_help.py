@@ -7,14 +7,16 @@ of it from outside (HTTP, WebSocket, /proc), plus crafted state blobs.
 - `vm(pid)`: the process's VmRSS / VmHWM in bytes.
 - `metric(srv, name, **labels)`, `eventually(pred, timeout)`: condition waits, never sleeps.
 - `craft(blob, ...)`: a blob with its header or payload changed and a valid sha256 (anyone can
-  recompute it), for crafted-state tests.
+  recompute it), for crafted-state tests. Exported blobs are signed envelopes (server/store/
+  signing.py): the servers started here share `TEST_SECRET`, and `craft` re-signs the crafted
+  snapshot with it, so these tests check what holds even against a holder of the secret.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
-import os
 import struct
 import threading
 import time
@@ -23,28 +25,36 @@ from pathlib import Path
 
 import httpx
 
-from tests.server.conftest import ServerProcess
+from server.settings import Settings
+from server.store import signing
+from tests.server.live import LiveServer
 
-ROOT = Path(__file__).resolve().parents[2]
 MAGIC = b"DLRSTATE"
+TEST_SECRET = "hardening-tests-state-secret"
+
+
+class ServerProcess(LiveServer):
+    """A started `dlr-serve` subprocess; `with` on it only stops it at the end."""
+
+    def __enter__(self) -> ServerProcess:
+        return self if self.proc is not None else self.start()
 
 
 def serve(tmp_path: Path, models_dir: Path, name: str = "srv", **settings) -> ServerProcess:
-    """Start `dlr-serve` (this checkout) and wait until it is ready."""
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = str(ROOT) + (os.pathsep + old if old else "")
-    try:
-        srv = ServerProcess(models_dir, tmp_path / f"{name}.log", **settings)
-    finally:
-        if old is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old
-    try:
-        return srv.wait_ready()
-    except BaseException:
-        srv.__exit__(None, None, None)
-        raise
+    """Start `dlr-serve` (this checkout, defaults as in production but for the tiny models,
+    the CPU and unthrottled partials) and wait until it is ready."""
+    base = dict(
+        models_dir=models_dir,
+        device="cpu",
+        partial_interval_ms=0,
+        log_level="info",
+        state_secret=TEST_SECRET,
+    )
+    srv = ServerProcess(
+        Settings(**(base | settings)), process=True, log_path=tmp_path / f"{name}.log"
+    )
+    srv.start()
+    return srv
 
 
 def eventually(pred: Callable[[], object], timeout: float, interval: float = 0.05) -> bool:
@@ -151,6 +161,16 @@ def craft(
 ) -> bytes:
     """`blob` with `header(h)` / `payload(h, bytes)` applied (or the header replaced by
     `raw_header`), re-framed with a valid sha256."""
+    if blob.startswith(signing.MAGIC):  # a signed envelope: craft the snapshot inside, re-sign
+        _, _, hlen, nbytes = signing._PREFIX.unpack_from(blob)
+        start = signing._PREFIX.size + hlen
+        inner = craft(blob[start : start + nbytes], header, payload, raw_header)
+        body = (
+            signing._PREFIX.pack(signing.MAGIC, signing.ENVELOPE_VERSION, hlen, len(inner))
+            + blob[signing._PREFIX.size : start]
+            + inner
+        )
+        return body + hmac.new(TEST_SECRET.encode(), body, hashlib.sha256).digest()
     h, body = split_blob(blob)
     data = bytearray(body)
     if payload is not None:

@@ -245,3 +245,42 @@ def test_resampling_and_class_scores_run_on_the_engine_thread(models_dir, monkey
     assert threads["resample"] and threads["top"]
     assert all(t.startswith(f"engine-{SPEECH_NAME}") for t in threads["resample"] | threads["top"])
     assert loop_thread not in threads["resample"] | threads["top"]
+
+
+def test_long_prefill_is_interleaved_with_other_sessions_decodes(models_dir):
+    """While a generation is decoding, a long prompt is fed in pieces of at most
+    max_prefill_tokens_decoding tokens and every batch holding a piece also holds the
+    generation's decode step (so the stall between two of its tokens is one short piece);
+    the prompt's logits equal one engine prefill."""
+
+    async def main():
+        s = make(models_dir, LM_NAME)
+        piece = s.engine.prefill_block  # (pieces on block boundaries: identical results)
+        s.max_prefill_tokens, s.max_prefill_tokens_decoding = 4 * piece, piece
+        seen: list[tuple[list[int], int]] = []  # (piece lengths, decode rows) per batch
+        execute = s._execute
+
+        def spy(b):  # (records each batch's shape, then runs it for real)
+            seen.append(([len(t) for _, t in b.prefill], len(b.decode)))
+            return execute(b)
+
+        s._execute = spy
+        s.start()
+        bos = s.engine.tokenizer.bos
+        gen = TextSession(slot=await s.open_slot(), pending=[bos, 104])
+        g = s.generate(gen, SamplingParams(temperature=0, max_tokens=400))
+        assert isinstance(await next_event(g.events), Token)  # decoding from here on
+        seen.clear()
+        n = 3 * piece + 5
+        toks = [int(t) for t in torch.randint(0, 256, (n,), generator=torch.Generator())]
+        sess = TextSession(slot=await s.open_slot(), pending=[])
+        got = await s.prefill(sess, toks)
+        pieces = [(p, d) for p, d in seen if p]
+        assert sum(sum(p) for p, _ in pieces) == n and len(pieces) == 4, pieces
+        assert all(max(p) <= piece and d == 1 for p, d in pieces), pieces
+        ref = s.engine.open()
+        assert torch.equal(got, s.engine.prefill([ref], [toks])[0].float())
+        s.cancel(g)
+        await s.stop()
+
+    asyncio.run(main())

@@ -109,7 +109,7 @@ def test_request_size_and_field_caps(models_dir):
     s = make_settings(models_dir, max_request_bytes=2048, max_prompt_chars=100, max_new_tokens=8)
     with TestClient(create_app(s)) as c:
         r = c.post("/v1/generate", json={"prompt": "x" * 5000, "max_new_tokens": 1})
-        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+        assert r.status_code == 413 and r.json()["error"]["code"] == "too_large"
         r = c.post("/v1/generate", json={"prompt": "x" * 101, "max_new_tokens": 1})
         assert r.status_code == 422 and r.json()["error"]["param"] == "prompt"
         r = c.post("/v1/generate", json={"prompt": "x", "max_new_tokens": 9})
