@@ -15,6 +15,7 @@ InitKind = Literal["omega", "random"]
 NormKind = Literal["layernorm", "rmsnorm", "none"]
 EncoderKind = Literal["tokens", "audio"]
 DecoderKind = Literal["lm", "classifier"]
+FrontendKind = Literal["raw", "logmel"]
 
 
 @dataclass
@@ -37,6 +38,9 @@ class DLRConfig:
     frame_stride: int = 1  # audio: samples per frame; a causal linear map of each full frame
     decoder: DecoderKind = "lm"  # lm: logits at every position; classifier: running-mean head
     labels: list[str] = field(default_factory=list)  # classifier: class names (n_classes)
+    frontend: FrontendKind = "raw"  # audio: per-frame front end (raw | logmel), frontend.py
+    n_mels: int = 40  # audio, logmel front end: mel bands per frame
+    pool_window_s: float = 0.0  # classifier: 0 = running mean; > 0 = exp. window (s), heads.py
 
     def __post_init__(self) -> None:
         self.validate()
@@ -44,6 +48,7 @@ class DLRConfig:
     def validate(self) -> None:
         """Raise ValueError naming the first inconsistent field."""
         positive = ("d_model", "d_state", "n_layers", "vocab_size", "sample_rate", "frame_stride")
+        positive += ("n_mels",)
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -54,6 +59,7 @@ class DLRConfig:
             "norm": ("layernorm", "rmsnorm", "none"),
             "encoder": ("tokens", "audio"),
             "decoder": ("lm", "classifier"),
+            "frontend": ("raw", "logmel"),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -70,6 +76,8 @@ class DLRConfig:
             raise ValueError("DLRConfig.labels needs at least two class names for a classifier")
         if self.encoder == "audio" and self.decoder != "classifier":
             raise ValueError("DLRConfig: the audio encoder goes with the classifier decoder")
+        if self.pool_window_s < 0:
+            raise ValueError(f"DLRConfig.pool_window_s must be >= 0, got {self.pool_window_s}")
         if self.encoder == "tokens" and self.frame_stride != 1:
             raise ValueError("DLRConfig.frame_stride applies to the audio encoder only")
 

@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import DLRConfig
+from .frontend import make_frontend
+from .heads import pool_decay, pooled
 from .ssm import DiagonalSSM, make_layer
 
 
@@ -78,7 +80,8 @@ class Encoder(nn.Module):
         if cfg.encoder == "tokens":
             self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         else:
-            self.frame = nn.Linear(cfg.frame_stride, cfg.d_model)
+            self.frontend = make_frontend(cfg)  # raw samples or log-mel, per frame (no state)
+            self.frame = nn.Linear(self.frontend.out_dim, cfg.d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "tokens":
@@ -87,7 +90,7 @@ class Encoder(nn.Module):
 
     def encode_frames(self, frames: torch.Tensor) -> torch.Tensor:
         """Audio frames (..., stride) -> (..., H)."""
-        return self.frame(frames)
+        return self.frame(self.frontend(frames))
 
 
 def frames_of(audio: torch.Tensor, stride: int) -> torch.Tensor:
@@ -104,6 +107,7 @@ class Head(nn.Module):
         self.kind = cfg.decoder
         self.norm = make_norm(cfg) if cfg.prenorm else nn.Identity()
         self.proj = nn.Linear(cfg.d_model, cfg.out_dim)
+        self.decay = pool_decay(cfg) if cfg.decoder == "classifier" else 1.0
 
     def features(self, h: torch.Tensor) -> torch.Tensor:
         return self.norm(h)
@@ -112,8 +116,7 @@ class Head(nn.Module):
         """(B, L, H) -> (B, L, out_dim): at every position, causally."""
         f = self.features(h)
         if self.kind == "classifier":
-            count = torch.arange(1, f.shape[1] + 1, device=f.device, dtype=f.dtype)
-            f = torch.cumsum(f, dim=1) / count.view(1, -1, 1)  # running mean (B, L, H)
+            f = pooled(f, self.decay)  # running mean or exponential window (B, L, H)
         return self.proj(f)
 
 

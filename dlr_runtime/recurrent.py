@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from .config import DLRConfig
+from .heads import pool_chunk, pool_step
 from .model import BlockPointwise, DLRModel, Encoder, Head
 from .ssm import RecurrentParams, powers
 
@@ -199,8 +200,9 @@ class RecurrentModel(nn.Module):
         state["ssm"] = ssm_out
         f = self.head.features(h)
         if self.config.decoder == "classifier":
-            state["mean_sum"] = state["mean_sum"] + f.double()
-            state["mean_count"] = state["mean_count"] + 1
+            state["mean_sum"], state["mean_count"] = pool_step(
+                state["mean_sum"], state["mean_count"], f.double(), self.head.decay
+            )
             return self.scores(state), state
         return self.head.proj(f), state
 
@@ -217,9 +219,9 @@ class RecurrentModel(nn.Module):
         state["ssm"] = ssm_out
         f = self.head.features(h)  # (B, T, H)
         if self.config.decoder == "classifier":
-            sums = state["mean_sum"].unsqueeze(1) + torch.cumsum(f.double(), dim=1)  # (B, T, H)
-            steps = torch.arange(1, f.shape[1] + 1, device=f.device, dtype=torch.float64)
-            counts = state["mean_count"].unsqueeze(1) + steps  # (B, T)
+            sums, counts = pool_chunk(  # (B, T, H), (B, T) float64
+                f.double(), state["mean_sum"], state["mean_count"], self.head.decay
+            )
             state["mean_sum"], state["mean_count"] = sums[:, -1], counts[:, -1]
             return self.head.proj((sums / counts.unsqueeze(-1)).to(self.rdtype)), state
         return self.head.proj(f), state

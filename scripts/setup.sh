@@ -2,11 +2,12 @@
 # Create .venv with everything the server, training and tests need. Safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Debian packages: espeak-ng + sox (offline speech data), chromium + chromium-driver (browser test
+# Debian packages: espeak-ng, flite, festival + its English voices, ffmpeg and sox (offline
+# multi-synthesizer speech data), chromium + chromium-driver (browser test
 # of server/static), docker-compose v1 (validates compose.yaml; no Docker engine is needed),
 # prometheus (its promtool checks docker/prometheus and the dashboard's PromQL), redis-server
 # (the Redis state store; tests start their own on a free 127.0.0.1 port).
-apt_pkgs="espeak-ng sox chromium chromium-driver docker-compose prometheus redis-server"
+apt_pkgs="espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts ffmpeg sox chromium chromium-driver docker-compose prometheus redis-server"
 missing=""
 for p in $apt_pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if command -v apt-get >/dev/null 2>&1 && [ -n "$missing" ]; then

@@ -1,0 +1,116 @@
+"""Causal audio front ends applied to each frame of `frame_stride` samples by the audio encoder.
+
+- ``raw``: the frame's samples as they are (the paper's setting: a linear map of raw audio).
+- ``logmel``: a log-mel spectrum of the frame alone: Tukey(0.5) window -> real DFT of length
+  ``frame_stride`` (as two matmuls with fixed cos/sin tables) -> power -> triangular mel
+  filterbank (``n_mels`` bands, HTK mel scale, 20 Hz .. Nyquist) -> ``log(mel + 1e-6)``, scaled
+  to roughly unit range. The window never overlaps the previous frame, so the front end needs
+  no state of its own and is exact in every form (offline, chunk, step): a frame is encoded
+  once its last sample has arrived, as for ``raw``. Every table is a non-persistent buffer
+  rebuilt from the config, so checkpoints hold no front-end tensors and the front end runs in
+  the model's dtype (float64 for complex128 state).
+
+`mel_filterbank` takes explicit bin frequencies so training can warp them (vocal-tract-length
+perturbation) with the same code.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .config import DLRConfig
+
+LOG_EPS = 1e-6  # floor inside the log: -13.8 for digital silence
+LOG_SHIFT = 6.0  # (log(mel) + LOG_SHIFT) / LOG_SCALE keeps speech and silence within ~[-2, 2]
+LOG_SCALE = 4.0
+F_MIN = 20.0
+
+
+def hz_to_mel(f: torch.Tensor | float) -> torch.Tensor:
+    return 2595.0 * torch.log10(1.0 + torch.as_tensor(f, dtype=torch.float64) / 700.0)
+
+
+def mel_to_hz(m: torch.Tensor) -> torch.Tensor:
+    return 700.0 * (10.0 ** (m / 2595.0) - 1.0)
+
+
+def mel_filterbank(
+    bin_hz: torch.Tensor, n_mels: int, f_max: float, f_min: float = F_MIN
+) -> torch.Tensor:
+    """Triangular filters (F, M) over DFT bins at frequencies `bin_hz` (F,), float64."""
+    edges = mel_to_hz(
+        torch.linspace(hz_to_mel(f_min), hz_to_mel(f_max), n_mels + 2, dtype=torch.float64)
+    )
+    lo, mid, hi = edges[:-2], edges[1:-1], edges[2:]  # (M,) each
+    f = bin_hz.to(torch.float64).unsqueeze(-1)  # (F, 1)
+    up = (f - lo) / (mid - lo)
+    down = (hi - f) / (hi - mid)
+    return torch.clamp(torch.minimum(up, down), min=0.0)  # (F, M)
+
+
+def tukey(n: int, alpha: float = 0.5) -> torch.Tensor:
+    """Tukey window (float64): flat middle, cosine tapers over `alpha * n` samples."""
+    t = torch.arange(n, dtype=torch.float64) / max(1, n - 1)
+    w = torch.ones(n, dtype=torch.float64)
+    edge = alpha / 2
+    left, right = t < edge, t > 1 - edge
+    w[left] = 0.5 * (1 + torch.cos(math.pi * (2 * t[left] / alpha - 1)))
+    w[right] = 0.5 * (1 + torch.cos(math.pi * (2 * t[right] / alpha - 2 / alpha + 1)))
+    return w
+
+
+class LogMel(nn.Module):
+    """Frames (..., S) -> log-mel features (..., n_mels); position-wise, no state."""
+
+    def __init__(self, stride: int, sample_rate: int, n_mels: int) -> None:
+        super().__init__()
+        n_bins = stride // 2 + 1
+        k = torch.arange(n_bins, dtype=torch.float64)
+        t = torch.arange(stride, dtype=torch.float64).unsqueeze(-1)
+        ang = 2 * math.pi * t * k / stride  # (S, F)
+        win = tukey(stride).unsqueeze(-1)
+        self.register_buffer("dft_cos", (win * torch.cos(ang)).float(), persistent=False)
+        self.register_buffer("dft_sin", (win * torch.sin(ang)).float(), persistent=False)
+        self.bin_hz = k * sample_rate / stride  # (F,) float64, for warped filterbanks
+        self.f_max = sample_rate / 2
+        self.n_mels = n_mels
+        fb = mel_filterbank(self.bin_hz, n_mels, self.f_max)
+        self.register_buffer("fbank", fb.float(), persistent=False)  # (F, M)
+
+    @property
+    def out_dim(self) -> int:
+        return self.n_mels
+
+    def power(self, frames: torch.Tensor) -> torch.Tensor:
+        """(..., S) -> power spectrum (..., F)."""
+        re = frames @ self.dft_cos
+        im = frames @ self.dft_sin
+        return re * re + im * im
+
+    def compress(self, mel: torch.Tensor) -> torch.Tensor:
+        """Mel energies (..., M) -> scaled log (..., M)."""
+        return (torch.log(mel + LOG_EPS) + LOG_SHIFT) / LOG_SCALE
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        return self.compress(self.power(frames) @ self.fbank)
+
+
+class RawFrames(nn.Module):
+    """The identity front end: frames (..., S) -> (..., S)."""
+
+    def __init__(self, stride: int) -> None:
+        super().__init__()
+        self.out_dim = stride
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        return frames
+
+
+def make_frontend(cfg: DLRConfig) -> nn.Module:
+    """The front end named by `cfg.frontend` (it exposes `out_dim`)."""
+    if cfg.frontend == "logmel":
+        return LogMel(cfg.frame_stride, cfg.sample_rate, cfg.n_mels)
+    return RawFrames(cfg.frame_stride)

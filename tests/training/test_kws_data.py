@@ -1,0 +1,179 @@
+"""The SC12 corpus: vocabulary, speaker-disjoint splits, deterministic rendering and windows."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from training.data.corpus import CorpusConfig, all_tts_voices, generate, render_items, voice_items
+from training.data.engines import FESTIVAL_VOICES, FLITE_VOICES, TTSVoice
+from training.data.labels import SC10_LABELS
+from training.data.sc12 import IGNORE, SIL, UNK, KWSWindows, WindowConfig, WordPool, clip_windows
+from training.data.splits import PRESETS, check_disjoint, split_voices
+from training.data.vocab import (
+    HOMOPHONES,
+    NEAR_MISSES,
+    SC12_LABELS,
+    check_vocabulary,
+    unknown_words,
+)
+
+needs = {
+    e: pytest.mark.skipif(shutil.which(x) is None, reason=f"{x} not installed")
+    for e, x in (("espeak", "espeak-ng"), ("flite", "flite"), ("festival", "festival"))
+}
+
+
+def test_label_set_and_unknown_words():
+    assert (*SC10_LABELS, "_silence_", "_unknown_") == SC12_LABELS
+    words = unknown_words()
+    assert len(words) >= 300 and len(set(words)) == len(words)
+    for near in ("now", "goat", "top", "dawn", "yet", "of", "bright", "lift", "nine"):
+        assert near in NEAR_MISSES and near in words
+    assert not set(words) & (set(SC10_LABELS) | HOMOPHONES)
+    with pytest.raises(ValueError, match="homophones"):
+        check_vocabulary(("cat", "know"))
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_splits_are_speaker_disjoint(preset):
+    voices = all_tts_voices(CorpusConfig())
+    split = split_voices(voices, preset)
+    check_disjoint(split)
+    speakers = {k: {v.speaker for v in vs} for k, vs in split.items()}
+    assert not speakers["train"] & (speakers["valid"] | speakers["test"])
+    assert not speakers["valid"] & speakers["test"]
+    assert split["train"] and split["test"]
+    if preset.startswith("loso-"):
+        held = preset.removeprefix("loso-")
+        assert {v.engine for v in split["test"]} == {held}
+        assert all(v.engine != held for v in split["train"] + split["valid"])
+        assert len(split["test"]) == sum(v.engine == held for v in voices)
+
+
+def test_shared_speakers_stay_together():
+    voices = all_tts_voices(CorpusConfig())
+    by_speaker = {}
+    for v in voices:
+        by_speaker.setdefault(v.speaker, set()).add(v.engine)
+    assert by_speaker["kal"] == {"flite", "festival"} and by_speaker["slt"] == {"flite", "festival"}
+    flite_out = split_voices(voices, "loso-flite")
+    assert not {v.speaker for v in flite_out["train"]} & {"kal", "slt", "awb", "rms"}
+    final = split_voices(voices, "final")
+    test_voices = {v.key for v in final["test"]}
+    assert {"flite:awb", "festival:ked_diphone"} <= test_voices
+    assert {v.engine for v in final["test"]} == {"espeak", "flite", "festival"}
+    # every accent of a held-out espeak variant is held out with it
+    for v in final["test"]:
+        if v.engine == "espeak":
+            variant = v.name.split("+")[1]
+            assert all(w.key in test_voices for w in voices if w.name.endswith("+" + variant))
+
+
+def test_voice_items_are_deterministic_from_the_seed():
+    cfg = CorpusConfig()
+    v = TTSVoice("espeak", "en-us+f2", "espeak-f2")
+    assert voice_items(cfg, v) == voice_items(CorpusConfig(), v)
+    assert voice_items(cfg, v) != voice_items(CorpusConfig(seed=1), v)
+    slt = voice_items(cfg, FLITE_VOICES[4])
+    assert {i.word for i in slt} == set(SC10_LABELS) | set(cfg.unknown)
+    hts = voice_items(cfg, FESTIVAL_VOICES[2])
+    assert all(i.rate == 1.0 for i in hts)  # HTS ignores Duration_Stretch: one rendition
+
+
+@pytest.mark.parametrize(
+    "voice",
+    [
+        pytest.param(TTSVoice("espeak", "en-gb+m3", "espeak-m3"), marks=needs["espeak"]),
+        pytest.param(FLITE_VOICES[2], marks=needs["flite"]),
+        pytest.param(FESTIVAL_VOICES[1], marks=needs["festival"]),
+    ],
+)
+def test_rendering_is_deterministic(voice):
+    items = voice_items(CorpusConfig(), voice)[:3] + voice_items(CorpusConfig(), voice)[-2:]
+    a, b = render_items(voice, items), render_items(voice, items)
+    assert len(a) == len(items)
+    for x, y in zip(a, b, strict=True):
+        assert x.dtype == np.int16 and len(x) > 1600 and np.array_equal(x, y)
+
+
+@needs["espeak"]
+def test_generate_caches_per_voice_and_workers_do_not_matter(tmp_path):
+    cfg = CorpusConfig(
+        accents=("en-us",), variants=("m1", "f1"), engines=("espeak",), espeak_command_renditions=1,
+        espeak_unknown_per_voice=2, unknown=unknown_words()[:10],
+    )  # fmt: skip
+    one = generate(cfg, tmp_path / "a", workers=1, progress=False)
+    two = generate(cfg, tmp_path / "b", workers=2, progress=False)
+    assert sorted(one) == sorted(two) == ["espeak:en-us+f1", "espeak:en-us+m1"]
+    for k in one:
+        assert np.array_equal(one[k].audio, two[k].audio)
+        assert np.array_equal(one[k].labels, two[k].labels)
+    files = sorted(p.name for p in (tmp_path / "a").iterdir())
+    again = generate(cfg, tmp_path / "a", workers=1, progress=False)  # from the cache
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == files
+    assert np.array_equal(again["espeak:en-us+m1"].audio, one["espeak:en-us+m1"].audio)
+
+
+def _pool() -> WordPool:
+    """A synthetic pool (tones as words), no synthesizer needed."""
+    from training.data.corpus import VoiceClips
+
+    rng = np.random.default_rng(0)
+    voices = []
+    for k, (engine, speaker) in enumerate((("espeak", "espeak-m1"), ("flite", "awb"))):
+        clips, labels = [], []
+        for lab in list(range(10)) + [UNK] * 6:
+            n = int(rng.integers(4000, 9000))
+            t = np.arange(n) / 16000
+            clips.append(
+                (0.5 * np.sin(2 * np.pi * (200 + 40 * lab + k) * t) * 32767).astype(np.int16)
+            )
+            labels.append(lab)
+        lengths = np.array([len(c) for c in clips])
+        vc = VoiceClips(
+            TTSVoice(engine, f"v{k}", speaker),
+            np.concatenate(clips),
+            np.concatenate([[0], np.cumsum(lengths)]),
+            np.array(labels),
+            np.array([SC12_LABELS[i] for i in labels]),
+        )
+        voices.append(vc)
+    return WordPool.from_voices(voices)
+
+
+def test_windows_are_deterministic_and_targets_follow_words():
+    pool = _pool()
+    ds = KWSWindows(pool, [], WindowConfig(), seed=3, length=64)
+    x1, y1, w1 = ds[5]
+    x2, y2, w2 = ds[5]
+    assert torch.equal(x1, x2) and torch.equal(y1, y2) and w1 == w2
+    ds.set_epoch(1)
+    assert not torch.equal(ds[5][0], x1)  # a new epoch draws new augmentation
+    assert x1.shape == (38400,) and y1.shape == (120,)
+    assert float(x1.abs().max()) <= 1.0
+    seen = set()
+    for i in range(64):
+        _, y, _ = ds[i]
+        vals = y.tolist()
+        seen |= set(vals)
+        # a label run is always preceded by ignored frames (the word itself) or the window start
+        for t in range(1, len(vals)):
+            if vals[t] not in (SIL, IGNORE) and vals[t - 1] != vals[t]:
+                assert vals[t - 1] == IGNORE
+    assert SIL in seen and IGNORE in seen and UNK in seen
+    assert seen & set(range(10))
+
+
+def test_clip_windows_place_the_word_near_the_end():
+    pool = _pool()
+    audio = clip_windows(pool, [0, 3, 12], [], seed=0, augment=False)
+    assert audio.shape == (3, 24000)
+    for row in audio:
+        active = np.flatnonzero(np.abs(row.numpy()) > 0.05)
+        tail = (24000 - active[-1]) / 16000
+        assert 0.14 <= tail <= 0.46
+    assert torch.equal(audio, clip_windows(pool, [0, 3, 12], [], seed=0, augment=False))

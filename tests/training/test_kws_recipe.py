@@ -1,0 +1,65 @@
+"""A tiny end-to-end keyword-spotting run through the real command line, resumed, then evaluated."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlr_runtime import load_checkpoint, load_recurrent
+from dlr_runtime.kws import KWSConfig
+from training.cli import main
+from training.data.vocab import SC12_LABELS
+from training.eval_cli import main as eval_main
+
+from .conftest import QUIET, TINY_MODEL
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        shutil.which("espeak-ng") is None or shutil.which("flite") is None,
+        reason="needs espeak-ng and flite",
+    ),
+]
+
+
+def test_kws_train_resume_and_eval(tmp_path: Path) -> None:
+    out = tmp_path / "kws"
+    argv = [
+        "kws", "--out-dir", str(out), "--cache-dir", str(tmp_path / "cache"), "--tiny-corpus",
+        "--batch-size", "4", "--epoch-windows", "8", "--valid-clips", "24", "--valid-silence", "4",
+        "--warmup", "1", "--num-workers", "0", "--workers", "1", "--save-every", "1",
+        *TINY_MODEL, *QUIET,
+    ]  # fmt: skip
+    assert main([*argv, "--steps", "2"]) == 0
+    assert main([*argv, "--steps", "4", "--resume"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["sizes"]["train"]["clips"] > 0
+    assert (out / "curves.png").is_file()
+    split = summary["split"]
+    assert not set(split["train"]) & (set(split["valid"]) | set(split["test"]))
+    for form in ("complex64", "complex128"):
+        assert summary["streaming"][form]["final_prediction_agreement"] == 1.0
+    model = load_checkpoint(out / "model")
+    cfg = model.config
+    assert cfg.labels == list(SC12_LABELS) and cfg.frontend == "logmel" and cfg.pool_window_s > 0
+    assert KWSConfig.from_metadata(model.checkpoint_metadata) == KWSConfig()
+    rec = load_recurrent(out / "model")
+    y, _ = rec.chunk(torch.zeros(1, 16000), rec.init_state(1))
+    assert y.shape == (1, 16000 // cfg.frame_stride, len(SC12_LABELS))
+    rc = eval_main(
+        ["speech", str(out / "model"), "--cache-dir", str(tmp_path / "cache"), "--max-clips", "20",
+         "--silence-clips", "8", "--stream-minutes", "0.5", "--valid-stream-minutes", "0.5",
+         "--stream-piece-minutes", "0.5", "--write-operating-point"]
+    )  # fmt: skip
+    assert rc == 0
+    res = json.loads((out / "model" / "eval" / "eval.json").read_text())
+    assert {"clean", "augmented", "silence", "streams", "confusion"} <= set(res)
+    assert set(res["clean"]["per_engine"]) <= {"espeak", "flite"}
+    assert (out / "model" / "eval" / "confusion.png").is_file()
+    assert (out / "model" / "eval" / "det.png").is_file()
+    point = load_checkpoint(out / "model").checkpoint_metadata["detection"]
+    assert point == res["streams"]["operating_point"]

@@ -1,0 +1,278 @@
+"""The clean multi-synthesizer SC12 corpus: who says which word, rendered once and cached.
+
+Voices: espeak-ng (every accent x variant of ``speech_synth``; its *speaker* is the variant, so
+all accents of ``+f3`` are one speaker and never split apart), flite (kal, kal16, awb, rms, slt)
+and festival (kal_diphone, ked_diphone, cmu_us_slt_arctic_hts); see ``engines.py`` for the
+speakers shared across engines (kal, slt).
+
+Words: the ten commands (several renditions per voice at a speaking rate and pitch drawn from
+the seed) and the ``_unknown_`` words of ``vocab.py`` (every word for each flite/festival voice;
+a seeded sample per espeak-ng voice, so each word is heard from many espeak voices).
+
+Pipeline per clip: engine -> resample to 16 kHz (torchaudio) -> trim silence -> peak 0.9 ->
+int16. Clips are cached per voice in ``<cache_dir>/clean-<engine>-<voice>-<key>.npz`` where the
+key hashes every input (seed, words, ranges, engine version); generation runs on a process pool
+(one job per espeak voice, batches of words per flite/festival voice) with a tqdm bar, and the
+result does not depend on the number of workers.
+
+CLI: ``python -m training.data.corpus --cache-dir runs/sc12cache --workers 2``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import multiprocessing
+import os
+import zlib
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from training.data.audio import peak_normalize, resample, trim_silence
+from training.data.engines import (
+    FESTIVAL_VOICES,
+    FLITE_VOICES,
+    TTSVoice,
+    can_vary_rate,
+    engine_version,
+    espeak_word,
+    festival_batch,
+    flite_synthesize,
+)
+from training.data.labels import SAMPLE_RATE, SC10_LABELS
+from training.data.speech_synth import ACCENTS, VARIANTS
+from training.data.vocab import SC12_LABELS, UNKNOWN, unknown_words
+
+_CACHE_VERSION = 1
+_PEAK = 0.9
+#: Typical mean pitch (Hz) of each flite speaker; renditions scale it.
+_FLITE_F0 = {"kal": 105.0, "awb": 115.0, "rms": 100.0, "slt": 170.0}
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    """Everything that determines the clean clips."""
+
+    seed: int = 0  # master seed: rates, pitches and espeak's unknown-word samples
+    accents: tuple[str, ...] = ACCENTS  # espeak-ng accents
+    variants: tuple[str, ...] = VARIANTS  # espeak-ng variants (each one speaker)
+    engines: tuple[str, ...] = ("espeak", "flite", "festival")  # engines to render
+    espeak_command_renditions: int = 3  # clips per (espeak voice, command)
+    espeak_unknown_per_voice: int = 40  # unknown words sampled per espeak voice
+    command_renditions: int = 12  # clips per (flite/festival voice, command)
+    unknown_renditions: int = 2  # clips per (flite/festival voice, unknown word)
+    espeak_wpm: tuple[int, int] = (110, 230)  # espeak speaking-rate range
+    espeak_pitch: tuple[int, int] = (20, 80)  # espeak base-pitch range (0..99)
+    stretch: tuple[float, float] = (0.8, 1.35)  # flite/festival duration-stretch range
+    f0_scale: tuple[float, float] = (0.8, 1.25)  # flite pitch range, relative to the speaker
+    unknown: tuple[str, ...] = field(default_factory=unknown_words)  # the _unknown_ words
+
+
+@dataclass(frozen=True)
+class ClipItem:
+    """One clip to render: the word, its label and the engine's rate/pitch settings."""
+
+    word: str
+    label: int  # index into SC12_LABELS
+    rate: float  # espeak wpm, or duration stretch
+    pitch: float  # espeak pitch, or flite f0 (Hz); 0 for festival
+
+
+def all_tts_voices(cfg: CorpusConfig) -> list[TTSVoice]:
+    """Every voice of the configured engines, sorted."""
+    out: list[TTSVoice] = []
+    if "espeak" in cfg.engines:
+        out += [
+            TTSVoice("espeak", f"{a}+{v}", f"espeak-{v}") for a in cfg.accents for v in cfg.variants
+        ]
+    if "flite" in cfg.engines:
+        out += list(FLITE_VOICES)
+    if "festival" in cfg.engines:
+        out += list(FESTIVAL_VOICES)
+    return sorted(out)
+
+
+def voice_items(cfg: CorpusConfig, voice: TTSVoice) -> list[ClipItem]:
+    """The clips of one voice in a fixed order (commands, then unknown words)."""
+    vid = zlib.crc32(voice.key.encode())
+    rng = np.random.default_rng([cfg.seed, vid])
+    items: list[ClipItem] = []
+    unk = SC12_LABELS.index(UNKNOWN)
+    if voice.engine == "espeak":
+        for word in SC10_LABELS:
+            for _ in range(cfg.espeak_command_renditions):
+                items.append(ClipItem(word, SC12_LABELS.index(word), *_espeak_rate(cfg, rng)))
+        pick = rng.choice(len(cfg.unknown), cfg.espeak_unknown_per_voice, replace=False)
+        for i in sorted(pick.tolist()):
+            items.append(ClipItem(cfg.unknown[i], unk, *_espeak_rate(cfg, rng)))
+        return items
+    varies = can_vary_rate(voice)
+    reps = cfg.command_renditions if varies else 1
+    for word in SC10_LABELS:
+        for _ in range(reps):
+            items.append(ClipItem(word, SC12_LABELS.index(word), *_other_rate(cfg, voice, rng)))
+    for word in cfg.unknown:
+        for _ in range(cfg.unknown_renditions if varies else 1):
+            items.append(ClipItem(word, unk, *_other_rate(cfg, voice, rng)))
+    return items
+
+
+def _espeak_rate(cfg: CorpusConfig, rng: np.random.Generator) -> tuple[float, float]:
+    wpm = int(rng.integers(cfg.espeak_wpm[0], cfg.espeak_wpm[1] + 1))
+    return float(wpm), float(rng.integers(cfg.espeak_pitch[0], cfg.espeak_pitch[1] + 1))
+
+
+def _other_rate(
+    cfg: CorpusConfig, voice: TTSVoice, rng: np.random.Generator
+) -> tuple[float, float]:
+    stretch = round(float(rng.uniform(*cfg.stretch)), 3) if can_vary_rate(voice) else 1.0
+    if voice.engine == "flite":
+        return stretch, round(_FLITE_F0[voice.speaker] * float(rng.uniform(*cfg.f0_scale)), 1)
+    return stretch, 0.0
+
+
+def cache_key(cfg: CorpusConfig, voice: TTSVoice) -> str:
+    """Hash of every input of this voice's clips."""
+    blob = json.dumps(
+        {
+            "v": _CACHE_VERSION,
+            "voice": voice.key,
+            "items": [(i.word, i.label, i.rate, i.pitch) for i in voice_items(cfg, voice)],
+            "engine": engine_version(voice.engine),
+            "rate": SAMPLE_RATE,
+        },
+        sort_keys=True,
+    ).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+@dataclass
+class VoiceClips:
+    """The clean clips of one voice, stored flat as int16."""
+
+    voice: TTSVoice
+    audio: np.ndarray  # int16 [total]
+    offsets: np.ndarray  # int64 [N + 1]
+    labels: np.ndarray  # int64 [N], SC12 index
+    words: np.ndarray  # str [N]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def clip(self, i: int) -> np.ndarray:
+        """Clip ``i`` as float32 (16 kHz)."""
+        return self.audio[self.offsets[i] : self.offsets[i + 1]].astype(np.float32) / 32767.0
+
+
+def _to_int16(audio: np.ndarray, rate: int) -> np.ndarray:
+    a = trim_silence(resample(np.asarray(audio, np.float32), rate, SAMPLE_RATE), SAMPLE_RATE)
+    a = peak_normalize(a, _PEAK)
+    return np.round(np.clip(a, -1, 1) * 32767).astype(np.int16)
+
+
+def render_items(voice: TTSVoice, items: Sequence[ClipItem]) -> list[np.ndarray]:
+    """Render ``items`` of ``voice`` (runs in pool workers); int16 16 kHz clips."""
+    import torch
+
+    torch.set_num_threads(1)
+    if voice.engine == "festival":
+        raw = festival_batch(voice.name, [(i.word, i.rate) for i in items])
+    elif voice.engine == "flite":
+        raw = [flite_synthesize(i.word, voice.name, i.rate, i.pitch) for i in items]
+    else:
+        raw = [espeak_word(i.word, voice.name, int(i.rate), int(i.pitch)) for i in items]
+    return [_to_int16(a, r) for a, r in raw]
+
+
+def _path(cache_dir: Path, cfg: CorpusConfig, voice: TTSVoice) -> Path:
+    safe = voice.name.replace("+", "_").replace("/", "_")
+    return cache_dir / f"clean-{voice.engine}-{safe}-{cache_key(cfg, voice)}.npz"
+
+
+def load_voice(cache_dir: Path, cfg: CorpusConfig, voice: TTSVoice) -> VoiceClips:
+    """Read one voice's cached clips (generate them first with :func:`generate`)."""
+    with np.load(_path(cache_dir, cfg, voice), allow_pickle=False) as d:
+        return VoiceClips(voice, d["audio"], d["offsets"], d["labels"], d["words"])
+
+
+def _save(path: Path, voice: TTSVoice, items: Sequence[ClipItem], clips: list[np.ndarray]) -> None:
+    lengths = np.array([len(c) for c in clips], np.int64)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npz")
+    np.savez(
+        tmp,
+        audio=np.concatenate(clips) if clips else np.zeros(0, np.int16),
+        offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        labels=np.array([i.label for i in items], np.int64),
+        words=np.array([i.word for i in items], dtype=str),
+    )
+    os.replace(tmp, path)
+
+
+def generate(
+    cfg: CorpusConfig,
+    cache_dir: str | os.PathLike,
+    workers: int = 2,
+    voices: Sequence[TTSVoice] | None = None,
+    progress: bool = True,
+    batch: int = 120,
+) -> dict[str, VoiceClips]:
+    """Render every missing voice into ``cache_dir``; return all voices' clips by voice key."""
+    cache = Path(cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    voices = list(voices) if voices is not None else all_tts_voices(cfg)
+    todo = [v for v in voices if not _path(cache, cfg, v).exists()]
+    jobs: list[tuple[TTSVoice, int, list[ClipItem]]] = []
+    for v in todo:
+        items = voice_items(cfg, v)
+        size = len(items) if v.engine == "espeak" else batch
+        jobs += [(v, s, items[s : s + size]) for s in range(0, len(items), size)]
+    parts: dict[str, dict[int, list[np.ndarray]]] = {v.key: {} for v in todo}
+    if jobs:
+        methods = multiprocessing.get_all_start_methods()
+        ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        bar = tqdm(
+            total=sum(len(j[2]) for j in jobs), desc="clips", unit="clip", disable=not progress
+        )
+        with ProcessPoolExecutor(max(1, workers), mp_context=ctx) as pool:
+            futs = {pool.submit(render_items, v, items): (v, s, len(items)) for v, s, items in jobs}
+            for fut in as_completed(futs):
+                v, s, n = futs[fut]
+                parts[v.key][s] = fut.result()
+                bar.update(n)
+                if sum(len(p) for p in parts[v.key].values()) == len(voice_items(cfg, v)):
+                    ordered = [c for k in sorted(parts[v.key]) for c in parts[v.key][k]]
+                    _save(_path(cache, cfg, v), v, voice_items(cfg, v), ordered)
+        bar.close()
+    return {v.key: load_voice(cache, cfg, v) for v in voices}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """CLI: render (or check) the whole cache and print its size."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cache-dir", default="runs/sc12cache")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    clips = generate(CorpusConfig(seed=args.seed), args.cache_dir, args.workers)
+    by_engine: dict[str, list[int]] = {}
+    for vc in clips.values():
+        n_cmd = int((vc.labels < len(SC10_LABELS)).sum())
+        e = by_engine.setdefault(vc.voice.engine, [0, 0, 0, 0])
+        e[0] += 1
+        e[1] += n_cmd
+        e[2] += len(vc) - n_cmd
+        e[3] += len(vc.audio)
+    for engine, (nv, nc, nu, ns) in sorted(by_engine.items()):
+        print(
+            f"{engine}: {nv} voices, {nc} command clips, {nu} unknown clips, {ns / SAMPLE_RATE / 60:.1f} min"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""Offline speech synthesizers behind one call: espeak-ng, flite and festival (Debian packages).
+
+A :class:`TTSVoice` names an engine, a voice of that engine and the *speaker* behind it. Two
+engines can share a speaker (flite ``kal``/``kal16`` and festival ``kal_diphone`` are the same
+diphone recordings; flite ``slt`` and festival ``cmu_us_slt_arctic_hts`` the same woman), and
+splits are made by speaker so one person never sits on both sides of a split.
+
+- espeak-ng: ``espeak-ng -v ACCENT+VARIANT -s WPM -p PITCH --stdout`` (see ``espeak.py``).
+- flite: ``flite -voice V -t WORD -o out.wav --setf duration_stretch=S --setf
+  int_f0_target_mean=F0``; ~40 words/s, one process per word.
+- festival: one ``festival -b script.scm`` process renders a whole batch of words of one voice
+  (start-up dominates, ~0.3 s), with ``Duration_Stretch`` for the diphone voices.
+
+Every function returns float32 audio at the engine's native rate; callers resample.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+
+from training.data.espeak import espeak_synthesize
+
+
+class EngineNotFoundError(RuntimeError):
+    """The executable of a synthesizer is missing (install its Debian package)."""
+
+
+@dataclass(frozen=True, order=True)
+class TTSVoice:
+    """One voice of one engine, and the speaker it belongs to (for splitting)."""
+
+    engine: str  # espeak | flite | festival
+    name: str  # engine-specific voice id, e.g. "en-gb+f3", "slt", "ked_diphone"
+    speaker: str  # who speaks: voices of one speaker are never split apart
+
+    @property
+    def key(self) -> str:
+        """Stable identifier, e.g. ``"flite:slt"``."""
+        return f"{self.engine}:{self.name}"
+
+
+#: flite voices (all of Debian's flite package) and their speakers.
+FLITE_VOICES: tuple[TTSVoice, ...] = (
+    TTSVoice("flite", "kal", "kal"),
+    TTSVoice("flite", "kal16", "kal"),
+    TTSVoice("flite", "awb", "awb"),
+    TTSVoice("flite", "rms", "rms"),
+    TTSVoice("flite", "slt", "slt"),
+)
+
+#: festival English voices installable from Debian (festvox-kallpc16k, -kdlpc16k, -us-slt-hts).
+FESTIVAL_VOICES: tuple[TTSVoice, ...] = (
+    TTSVoice("festival", "kal_diphone", "kal"),
+    TTSVoice("festival", "ked_diphone", "ked"),
+    TTSVoice("festival", "cmu_us_slt_arctic_hts", "slt"),
+)
+
+#: Voices whose speaking rate festival's ``Duration_Stretch`` does not change.
+_FIXED_RATE = {"cmu_us_slt_arctic_hts"}
+
+#: Debian package of each engine (the hint in EngineNotFoundError).
+PACKAGES = {
+    "espeak": "espeak-ng",
+    "flite": "flite",
+    "festival": "festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts",
+}
+
+
+def require(engine: str) -> str:
+    """Path of ``engine``'s executable, or raise EngineNotFoundError with the install line."""
+    exe = {"espeak": "espeak-ng", "flite": "flite", "festival": "festival"}[engine]
+    path = shutil.which(exe)
+    if path is None:
+        raise EngineNotFoundError(
+            f"{exe} not found; install it with `apt-get install {PACKAGES[engine]}`"
+        )
+    return path
+
+
+@functools.lru_cache(maxsize=8)
+def engine_version(engine: str) -> str:
+    """First line of the engine's version output (part of cache keys)."""
+    exe = require(engine)
+    flag = {"espeak": "--version", "flite": "--version", "festival": "--version"}[engine]
+    out = subprocess.run([exe, flag], capture_output=True, timeout=30)
+    text = (out.stdout or out.stderr).decode("utf-8", errors="replace").strip()
+    return text.splitlines()[0] if text else engine
+
+
+def can_vary_rate(voice: TTSVoice) -> bool:
+    """Whether the engine honours a speaking-rate setting for this voice."""
+    return voice.name not in _FIXED_RATE
+
+
+def flite_synthesize(word: str, voice: str, stretch: float, f0: float) -> tuple[np.ndarray, int]:
+    """Speak ``word`` with flite; ``stretch`` > 1 is slower, ``f0`` the target mean pitch (Hz)."""
+    exe = require("flite")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "w.wav"
+        cmd = [exe, "-voice", voice, "-t", word, "-o", str(out)]
+        cmd += [
+            "--setf",
+            f"duration_stretch={stretch:.3f}",
+            "--setf",
+            f"int_f0_target_mean={f0:.1f}",
+        ]
+        proc = subprocess.run(cmd, capture_output=True, timeout=60)
+        if proc.returncode != 0 or not out.exists():
+            raise RuntimeError(f"flite failed for {voice!r}/{word!r}: {proc.stderr[-300:]!r}")
+        audio, rate = sf.read(out, dtype="float32")
+    return audio, rate
+
+
+def festival_batch(
+    voice: str, items: Sequence[tuple[str, float]], timeout: float = 600.0
+) -> list[tuple[np.ndarray, int]]:
+    """Render many ``(word, stretch)`` items with one festival process; same order back."""
+    exe = require("festival")
+    with tempfile.TemporaryDirectory() as tmp:
+        lines = [f"(voice_{voice})"]
+        for i, (word, stretch) in enumerate(items):
+            safe = word.replace("\\", "").replace('"', "")
+            lines.append(f"(Parameter.set 'Duration_Stretch {stretch:.3f})")
+            wav = os.path.join(tmp, f"{i:05d}.wav")
+            lines.append(f'(utt.save.wave (utt.synth (Utterance Text "{safe}")) "{wav}" \'riff)')
+        script = Path(tmp) / "batch.scm"
+        script.write_text("\n".join(lines) + "\n")
+        proc = subprocess.run([exe, "-b", str(script)], capture_output=True, timeout=timeout)
+        out = []
+        for i in range(len(items)):
+            path = Path(tmp) / f"{i:05d}.wav"
+            if not path.exists():
+                raise RuntimeError(
+                    f"festival {voice} failed on {items[i]!r}: {proc.stderr[-300:]!r}"
+                )
+            audio, rate = sf.read(path, dtype="float32")
+            out.append((audio, rate))
+    return out
+
+
+def espeak_word(word: str, voice: str, speed: int, pitch: int) -> tuple[np.ndarray, int]:
+    """espeak-ng, same signature style as the other engines."""
+    return espeak_synthesize(word, voice, speed, pitch)

@@ -1,0 +1,255 @@
+"""SC12 keyword-spotting data for streaming models: windows with per-frame targets, eval clips.
+
+Training items (:class:`KWSWindows`) are 2.4 s windows assembled on the fly from the clean
+corpus (``corpus.py``) of one split's voices: 0, 1 or 2 words at random places over a
+background (``rooms.py``), and one target per frame of ``stride`` samples:
+
+    before a word ........ ``_silence_``
+    inside the word ...... ignored (-100): the word is not decided until it ends
+    end .. end + hold .... the word's label (a command or ``_unknown_``)
+    then 0.3 s ........... ignored (the exponential head forgets gradually)
+    afterwards ........... ``_silence_``
+
+so a causal model learns to say a word shortly after it ends and to fall back to
+``_silence_``; an item also carries a VTLP warp factor for the recurrent front end.
+Commands, unknown words and word-less windows are drawn 55/30/15, and the engine group
+(espeak-ng vs flite/festival) 40/60, so the few non-espeak speakers are not drowned out.
+
+Evaluation clips (:func:`clip_windows`) are 1.5 s windows whose word ends 0.15-0.45 s before
+the end (the last frame's scores are the clip's prediction, as in the server's utterance mode),
+clean (faint noise floor) or with the training augmentation, deterministic from a seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from training.data.corpus import VoiceClips
+from training.data.labels import SAMPLE_RATE, SC10_LABELS
+from training.data.rooms import RoomConfig, background, channel, level, word_effects
+from training.data.vocab import SC12_LABELS, SILENCE, UNKNOWN
+
+IGNORE = -100
+SIL = SC12_LABELS.index(SILENCE)
+UNK = SC12_LABELS.index(UNKNOWN)
+N_COMMANDS = len(SC10_LABELS)
+
+
+@dataclass(frozen=True)
+class WindowConfig:
+    """Shape of the training windows and their targets."""
+
+    window_s: float = 2.4  # length of a training window
+    stride: int = 320  # samples per model frame (targets are per frame)
+    hold_s: float = 0.5  # the label holds this long after the word ends
+    settle_s: float = 0.04  # ignored right after the end (reverb tail, frame rounding)
+    fade_s: float = 0.3  # ignored after the hold
+    p_command: float = 0.55  # event mix of a window
+    p_unknown: float = 0.30
+    p_two_words: float = 0.3  # a second word after the first
+    p_espeak: float = 0.4  # share of espeak-ng clips among the words
+    vtlp_prob: float = 0.8  # warp the front end's frequency axis
+    vtlp: tuple[float, float] = (0.85, 1.18)
+    room: RoomConfig = field(default_factory=RoomConfig)
+
+
+@dataclass
+class WordPool:
+    """The clean clips of a set of voices, with who said what."""
+
+    clips: list[np.ndarray]  # int16 views, 16 kHz
+    labels: np.ndarray  # int64 (N,), SC12 index
+    words: np.ndarray  # str (N,)
+    voices: np.ndarray  # str (N,), voice key "engine:name"
+    engines: np.ndarray  # str (N,)
+    speakers: np.ndarray  # str (N,)
+
+    @classmethod
+    def from_voices(cls, voices: Sequence[VoiceClips]) -> WordPool:
+        clips, labels, words, keys, engines, speakers = [], [], [], [], [], []
+        for vc in voices:
+            for i in range(len(vc)):
+                clips.append(vc.audio[vc.offsets[i] : vc.offsets[i + 1]])
+            n = len(vc)
+            labels.append(vc.labels)
+            words.append(vc.words)
+            keys += [vc.voice.key] * n
+            engines += [vc.voice.engine] * n
+            speakers += [vc.voice.speaker] * n
+        return cls(
+            clips,
+            np.concatenate(labels) if labels else np.zeros(0, np.int64),
+            np.concatenate(words) if words else np.zeros(0, str),
+            np.array(keys, dtype=str),
+            np.array(engines, dtype=str),
+            np.array(speakers, dtype=str),
+        )
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def audio(self, i: int) -> np.ndarray:
+        return self.clips[i].astype(np.float32) / 32767.0
+
+
+def _place(x: np.ndarray, word: np.ndarray, onset: int) -> None:
+    """Add ``word`` into ``x`` starting at ``onset`` (cropped at either end)."""
+    s, e = max(0, onset), min(len(x), onset + len(word))
+    if e > s:
+        x[s:e] += word[s - onset : e - onset]
+
+
+def _mix(
+    x: np.ndarray, speech_power: float, rng: np.random.Generator, cfg: RoomConfig, babble
+) -> np.ndarray:
+    """Add a background at a random SNR (or, with no speech, at a random absolute level)."""
+    bg = background(len(x), rng, babble)
+    if speech_power > 0:
+        snr = float(rng.uniform(*cfg.snr_db))
+        return x + bg * np.float32(np.sqrt(speech_power / 10 ** (snr / 10)))
+    return x + bg * np.float32(10 ** (float(rng.uniform(*cfg.silence_dbfs)) / 20))
+
+
+class KWSWindows(Dataset):
+    """Training windows ``(audio (L,), targets (L // stride,), warp)`` of one split."""
+
+    def __init__(
+        self,
+        pool: WordPool,
+        rirs: list[np.ndarray],
+        cfg: WindowConfig = WindowConfig(),
+        seed: int = 0,
+        length: int = 20000,
+    ) -> None:
+        self.pool, self.rirs, self.cfg, self.seed, self.length = pool, rirs, cfg, seed, length
+        self.epoch = 0
+        esp = pool.engines == "espeak"
+        self.by_group = {}
+        for g, mask in (("espeak", esp), ("other", ~esp)):
+            for lab in range(len(SC12_LABELS)):
+                idx = np.flatnonzero(mask & (pool.labels == lab))
+                if len(idx):
+                    self.by_group[(g, lab)] = idx
+        self.groups = sorted({g for g, _ in self.by_group})
+        unk = np.flatnonzero(pool.labels == UNK)
+        self._babble_idx = unk if len(unk) else np.arange(len(pool))
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def _pick(self, label: int, rng: np.random.Generator) -> int:
+        groups = [g for g in self.groups if (g, label) in self.by_group]
+        if len(groups) == 2:
+            g = "espeak" if rng.random() < self.cfg.p_espeak else "other"
+        else:
+            g = groups[0]
+        idx = self.by_group[(g, label)]
+        return int(idx[rng.integers(len(idx))])
+
+    def _event_label(self, rng: np.random.Generator) -> int:
+        u = rng.random()
+        if u < self.cfg.p_command:
+            return int(rng.integers(N_COMMANDS))
+        return UNK
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+        cfg, rc = self.cfg, self.cfg.room
+        rng = np.random.default_rng([self.seed, 0x77, self.epoch, index])
+        n = int(cfg.window_s * SAMPLE_RATE) // cfg.stride * cfg.stride
+        n_frames = n // cfg.stride
+        x = np.zeros(n, np.float32)
+        targets = np.full(n_frames, SIL, np.int64)
+        frame_end = (np.arange(n_frames) + 1) * cfg.stride  # sample time of each output
+        has_word = rng.random() < cfg.p_command + cfg.p_unknown
+        n_words = (2 if rng.random() < cfg.p_two_words else 1) if has_word else 0
+        pos = int(rng.uniform(-0.2, 0.9) * SAMPLE_RATE)
+        power, count = 0.0, 0
+        sr = SAMPLE_RATE
+        for _ in range(n_words):
+            label = self._event_label(rng)
+            word, speech_len = word_effects(
+                self.pool.audio(self._pick(label, rng)), rc, self.rirs, rng
+            )
+            _place(x, word, pos)
+            end = pos + speech_len
+            seg = word[max(0, -pos) : max(0, min(len(word), n - pos))]
+            if seg.size:
+                power += float(np.mean(seg.astype(np.float64) ** 2))
+                count += 1
+            hold_end = end + int(cfg.hold_s * sr)
+            targets[(frame_end > pos) & (frame_end <= end + int(cfg.settle_s * sr))] = IGNORE
+            targets[(frame_end > end + int(cfg.settle_s * sr)) & (frame_end <= hold_end)] = label
+            fade = (frame_end > hold_end) & (frame_end <= hold_end + int(cfg.fade_s * sr))
+            targets[fade] = IGNORE
+            pos = end + int(rng.uniform(0.15, 0.8) * sr)
+            if pos >= n:
+                break
+        babble = [self.pool.audio(int(i)) for i in rng.choice(self._babble_idx, 12)]
+        x = _mix(x, power / max(1, count), rng, rc, babble)
+        x = channel(x, rc, rng)
+        if count:
+            x = level(x, rc, rng)
+        warp = float(rng.uniform(*cfg.vtlp)) if rng.random() < cfg.vtlp_prob else 1.0
+        x = np.clip(x, -1.0, 1.0).astype(np.float32)
+        return torch.from_numpy(x), torch.from_numpy(targets), warp
+
+
+def clip_windows(
+    pool: WordPool,
+    indices: Sequence[int],
+    rirs: list[np.ndarray],
+    seed: int = 0,
+    augment: bool = False,
+    window_s: float = 1.5,
+    room: RoomConfig | None = None,
+) -> torch.Tensor:
+    """Evaluation windows (len(indices), L): each word ends 0.15-0.45 s before the end."""
+    room = room or RoomConfig()
+    n = int(window_s * SAMPLE_RATE)
+    out = torch.zeros(len(indices), n)
+    for row, i in enumerate(indices):
+        rng = np.random.default_rng([seed, 0xC11, int(i)])
+        word = pool.audio(int(i))
+        speech_len = len(word)
+        if augment:
+            word, speech_len = word_effects(word, room, rirs, rng)
+        x = np.zeros(n, np.float32)
+        end = n - int(rng.uniform(0.15, 0.45) * SAMPLE_RATE)
+        _place(x, word, end - speech_len)
+        if augment:
+            power = float(np.mean(word.astype(np.float64) ** 2))
+            babble = [pool.audio(int(j)) for j in rng.choice(len(pool), 12)]
+            x = level(channel(_mix(x, power, rng, room, babble), room, rng), room, rng)
+        else:
+            x = x + 10 ** (-60 / 20) * rng.standard_normal(n).astype(np.float32)
+        out[row] = torch.from_numpy(np.clip(x, -1, 1))
+    return out
+
+
+def silence_windows(
+    n_windows: int,
+    pool: WordPool | None,
+    seed: int = 0,
+    window_s: float = 1.5,
+    room: RoomConfig | None = None,
+) -> torch.Tensor:
+    """Word-less evaluation windows (n, L): every background kind and level."""
+    room = room or RoomConfig()
+    n = int(window_s * SAMPLE_RATE)
+    out = torch.zeros(n_windows, n)
+    for row in range(n_windows):
+        rng = np.random.default_rng([seed, 0x51E, row])
+        babble = None
+        if pool is not None and len(pool):
+            babble = [pool.audio(int(j)) for j in rng.choice(len(pool), 12)]
+        x = channel(_mix(np.zeros(n, np.float32), 0.0, rng, room, babble), room, rng)
+        out[row] = torch.from_numpy(np.clip(x, -1, 1))
+    return out

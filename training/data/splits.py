@@ -1,0 +1,86 @@
+"""Speaker-disjoint splits of the multi-synthesizer corpus.
+
+A split preset maps each voice to train / valid / test *by speaker*, so a speaker heard in
+training (through any engine) is never in valid or test of the same preset:
+
+- ``final``: the shipped model. test = flite ``awb``, festival ``ked_diphone`` and three espeak
+  speakers (one m, one f, one klatt variant, every accent); valid = flite ``rms`` and two espeak
+  speakers (one m, one f); train = everything else (kal through flite kal/kal16 and festival,
+  slt through flite and festival HTS, the remaining espeak variants).
+- ``loso-<engine>`` (leave one synthesizer out): test = every voice of ``<engine>``; train =
+  every other engine's voices whose speaker is not also a test speaker (so ``loso-flite``
+  drops festival's kal and slt, ``loso-festival`` drops flite's kal, kal16 and slt); valid =
+  the ``final`` valid voices that are neither test nor sharing a speaker with it.
+
+The espeak speakers of valid/test are drawn from the seed within each variant family.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from training.data.engines import TTSVoice
+
+PRESETS = ("final", "loso-espeak", "loso-flite", "loso-festival")
+FINAL_TEST = {"awb", "ked"}
+FINAL_VALID = {"rms"}
+
+
+def _espeak_picks(speakers: Sequence[str], seed: int) -> tuple[set[str], set[str]]:
+    """(valid, test) espeak speakers: test one m/f/klatt each, valid one m and one f."""
+    rng = np.random.default_rng([seed, 0x5B1])
+    fam: dict[str, list[str]] = {"m": [], "f": [], "k": []}
+    for s in sorted(set(speakers)):
+        v = s.removeprefix("espeak-")
+        fam["k" if v.startswith("klatt") else v[0]].append(s)
+    valid, test = set(), set()
+    for f, n_test, n_valid in (("m", 1, 1), ("f", 1, 1), ("k", 1, 0)):
+        group = [fam[f][i] for i in rng.permutation(len(fam[f]))]
+        if len(group) < n_test + n_valid + 1:  # too few to split: keep them all in training
+            continue
+        test.update(group[:n_test])
+        valid.update(group[n_test : n_test + n_valid])
+    return valid, test
+
+
+def split_voices(
+    voices: Sequence[TTSVoice], preset: str, seed: int = 0
+) -> dict[str, list[TTSVoice]]:
+    """Assign every voice of ``voices`` to train/valid/test (or drop it) under ``preset``."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown split preset {preset!r}; expected one of {PRESETS}")
+    e_valid, e_test = _espeak_picks([v.speaker for v in voices if v.engine == "espeak"], seed)
+    valid_spk = FINAL_VALID | e_valid
+    test_spk = FINAL_TEST | e_test
+    out: dict[str, list[TTSVoice]] = {"train": [], "valid": [], "test": []}
+    if preset == "final":
+        for v in voices:
+            name = (
+                "test" if v.speaker in test_spk else "valid" if v.speaker in valid_spk else "train"
+            )
+            out[name].append(v)
+        return out
+    held = preset.removeprefix("loso-")
+    test_speakers = {v.speaker for v in voices if v.engine == held}
+    for v in voices:
+        if v.engine == held:
+            out["test"].append(v)
+        elif v.speaker in test_speakers:
+            continue  # same person as a test voice, through another engine
+        elif v.speaker in valid_spk:
+            out["valid"].append(v)
+        else:
+            out["train"].append(v)
+    return out
+
+
+def check_disjoint(split: dict[str, list[TTSVoice]]) -> None:
+    """Raise ValueError when a speaker appears in more than one split."""
+    seen: dict[str, str] = {}
+    for name, voices in split.items():
+        for v in voices:
+            other = seen.setdefault(v.speaker, name)
+            if other != name:
+                raise ValueError(f"speaker {v.speaker} is in both {other} and {name}")

@@ -1,0 +1,264 @@
+"""Evaluation of an SC12 keyword-spotting checkpoint: clips, rejection, continuous streams.
+
+``dlr-eval speech MODEL_DIR`` (see ``eval_cli.py``) writes into ``--out``:
+
+- ``eval.json``: every number below;
+- ``confusion.png``: confusion matrix of the augmented test clips (+ word-less windows);
+- ``det.png``: DET-style curve of the continuous streams (miss rate vs false accepts per hour
+  over detection thresholds), valid and test voices.
+
+1. Clip accuracy of the split's test voices, per engine and per voice, on 1.5 s windows whose
+   last frame is the prediction (as the server's utterance mode): ``clean`` (faint noise floor)
+   and ``augmented`` (the training augmentation: reverb, channel, background, level).
+2. Rejection: the share of ``_unknown_`` clips and word-less windows whose prediction is a
+   command (argmax), and the share on which the detector (operating point) fires.
+3. Continuous streams of valid and test voices (``streams.py``): recall, false accepts per
+   hour and detection delay over thresholds; the operating point is the lowest threshold whose
+   false accepts per hour on the *valid* streams are <= ``fa_target`` (never chosen on test).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dlr_runtime import load_checkpoint
+from dlr_runtime.kws import KeywordSpotter, KWSConfig
+from training.data.rooms import rir_bank
+from training.data.sc12 import SIL, UNK, WordPool, clip_windows, silence_windows
+from training.recipes.kws import KWSOptions, load_split
+from training.streams import StreamScore, build_stream, score, stream_scores
+
+THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0.995)
+
+
+@dataclass
+class EvalOptions:
+    cache_dir: str = "runs/sc12cache"  # corpus cache (rendered if missing)
+    split: str = ""  # split preset (default: the one the model was trained on)
+    out: str = ""  # output folder (default: MODEL_DIR/eval)
+    seed: int = 0  # corpus and augmentation seed (the model's training seed by default)
+    max_clips: int = 0  # cap on test clips (0: all)
+    silence_clips: int = 600  # word-less windows
+    stream_minutes: float = 60.0  # total minutes of test streams (0: skip streams)
+    valid_stream_minutes: float = 20.0  # minutes of valid streams (operating point)
+    stream_piece_minutes: float = 5.0  # length of one stream
+    fa_target: float = 0.5  # false accepts per hour that pick the operating point
+    write_operating_point: bool = False  # store the chosen point in MODEL_DIR's metadata
+
+
+@torch.no_grad()
+def frame_scores(model: torch.nn.Module, audio: torch.Tensor, batch: int = 64) -> torch.Tensor:
+    """Per-frame scores (N, F, C) of windows (N, L), offline."""
+    return torch.cat([model(audio[s : s + batch]).float() for s in range(0, len(audio), batch)])
+
+
+def _acc(pred: np.ndarray, lab: np.ndarray) -> float:
+    return float((pred == lab).mean()) if len(lab) else float("nan")
+
+
+def clip_report(
+    pred: np.ndarray, labels: np.ndarray, engines: np.ndarray, voices: np.ndarray
+) -> dict[str, Any]:
+    """Accuracy overall, on commands, per engine, per voice; unknown accepted as a command."""
+    cmd = labels < SIL
+    unk = labels == UNK
+    out: dict[str, Any] = {
+        "accuracy": _acc(pred, labels),
+        "command_accuracy": _acc(pred[cmd], labels[cmd]),
+        "unknown_accepted": float((pred[unk] < SIL).mean()) if unk.any() else float("nan"),
+        "clips": int(len(labels)),
+        "per_engine": {},
+        "per_voice": {},
+    }
+    for e in sorted(set(engines.tolist())):
+        m = engines == e
+        out["per_engine"][e] = {
+            "command_accuracy": _acc(pred[m & cmd], labels[m & cmd]),
+            "unknown_accepted": float((pred[m & unk] < SIL).mean()) if (m & unk).any() else None,
+            "clips": int(m.sum()),
+        }
+    for v in sorted(set(voices.tolist())):
+        m = voices == v
+        out["per_voice"][v] = {
+            "command_accuracy": _acc(pred[m & cmd], labels[m & cmd]),
+            "unknown_accepted": float((pred[m & unk] < SIL).mean()) if (m & unk).any() else None,
+        }
+    return out
+
+
+def detector_fires(
+    scores: torch.Tensor, labels: list[str], frame_ms: float, cfg: KWSConfig
+) -> np.ndarray:
+    """Whether the decision rule fires anywhere in each window (N,)."""
+    return np.array([bool(KeywordSpotter(labels, frame_ms, cfg).run(s.numpy())) for s in scores])
+
+
+def plot_confusion(cm: np.ndarray, labels: list[str], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    norm = cm / np.maximum(1, cm.sum(1, keepdims=True))
+    fig, ax = plt.subplots(figsize=(7.5, 6.5))
+    im = ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
+    ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right")
+    ax.set_yticks(range(len(labels)), labels)
+    for i in range(len(labels)):
+        for j in range(len(labels)):
+            if cm[i, j]:
+                ax.text(j, i, str(cm[i, j]), ha="center", va="center", fontsize=6,
+                        color="white" if norm[i, j] > 0.5 else "black")  # fmt: skip
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title(title)
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_det(curves: dict[str, list[dict]], path: Path, fa_target: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for name, pts in curves.items():
+        fa = [max(p["fa_per_hour"], 1e-2) for p in pts]
+        miss = [100 * (1 - p["recall"]) for p in pts]
+        ax.plot(fa, miss, marker="o", ms=3, label=name)
+    ax.axvline(fa_target, color="grey", ls="--", lw=0.8)
+    ax.axhline(5.0, color="grey", ls=":", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("false accepts per hour (0 drawn at 0.01)")
+    ax.set_ylabel("miss rate (%)")
+    ax.set_title("continuous streams: thresholds " + f"{THRESHOLDS[0]}..{THRESHOLDS[-1]}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _streams(pool: WordPool, minutes: float, piece: float, rirs, seed: int) -> list:
+    n = max(1, int(round(minutes / piece))) if minutes > 0 else 0
+    return [build_stream(pool, min(piece, minutes), rirs, seed + 1000 * k) for k in range(n)]
+
+
+def sweep(
+    per_stream: list, labels: list[str], frame_ms: float, base: KWSConfig
+) -> list[StreamScore]:
+    out = []
+    for t in THRESHOLDS:
+        cfg = KWSConfig(**{**asdict(base), "threshold": t, "keywords": {}})
+        out.append(score(per_stream, labels, frame_ms, cfg))
+    return out
+
+
+def evaluate(model_dir: str | Path, opts: EvalOptions) -> dict[str, Any]:
+    """Run every evaluation of the module docstring; returns (and writes) the results."""
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    model_dir = Path(model_dir)
+    model = load_checkpoint(model_dir).eval()
+    meta = getattr(model, "checkpoint_metadata", {}) or {}
+    training = meta.get("training", {})
+    kws_opts = training.get("recipe_options", {}).get("kws", {})
+    split = opts.split or kws_opts.get("split", "final")
+    seed = opts.seed or int(training.get("train", {}).get("seed", 0))
+    out = Path(opts.out) if opts.out else model_dir / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = model.config
+    labels = list(cfg.labels)
+    frame_ms = 1000 * cfg.frame_stride / cfg.sample_rate
+    base = KWSConfig.from_metadata(meta)
+    tiny = bool(kws_opts.get("tiny_corpus", False))
+    pools = load_split(KWSOptions(cache_dir=opts.cache_dir, split=split, tiny_corpus=tiny), seed)
+    rirs = rir_bank(opts.cache_dir, seed=seed)
+    test = pools["test"]
+    idx = np.arange(len(test))
+    if opts.max_clips and len(idx) > opts.max_clips:
+        idx = np.sort(
+            np.random.default_rng([seed, 0xE7A]).choice(idx, opts.max_clips, replace=False)
+        )
+    lab = test.labels[idx]
+    results: dict[str, Any] = {"model": str(model_dir), "split": split, "seed": seed}
+    results["test_voices"] = sorted(set(test.voices.tolist()))
+    results["sizes"] = {k: int(len(p)) for k, p in pools.items()}
+    sil_audio = silence_windows(opts.silence_clips, test, seed + 7)
+    sil_scores = frame_scores(model, sil_audio)
+    sil_pred = sil_scores[:, -1].argmax(-1).numpy()
+    results["silence"] = {
+        "windows": int(len(sil_pred)),
+        "accepted_argmax": float((sil_pred < SIL).mean()),
+        "predicted_silence": float((sil_pred == SIL).mean()),
+        "detector_fires": float(detector_fires(sil_scores, labels, frame_ms, base).mean()),
+    }
+    cm = np.zeros((len(labels), len(labels)), np.int64)
+    for kind in ("clean", "augmented"):
+        audio = clip_windows(test, idx, rirs, seed + 11, augment=kind == "augmented")
+        scores = frame_scores(model, audio)
+        pred = scores[:, -1].argmax(-1).numpy()
+        rep = clip_report(pred, lab, test.engines[idx], test.voices[idx])
+        fires = detector_fires(scores[lab == UNK], labels, frame_ms, base)
+        rep["unknown_detector_fires"] = float(fires.mean()) if len(fires) else None
+        results[kind] = rep
+        if kind == "augmented":
+            np.add.at(cm, (lab, pred), 1)
+            np.add.at(cm, (np.full(len(sil_pred), SIL), sil_pred), 1)
+    results["confusion"] = cm.tolist()
+    plot_confusion(cm, labels, out / "confusion.png", f"{model_dir.name}: test voices ({split})")
+    if opts.stream_minutes > 0:
+        results["streams"] = _stream_eval(
+            model, pools, rirs, seed, labels, frame_ms, base, opts, out
+        )
+        if opts.write_operating_point:
+            write_operating_point(model_dir, results["streams"]["operating_point"])
+    (out / "eval.json").write_text(json.dumps(results, indent=1))
+    return results
+
+
+def _stream_eval(model, pools, rirs, seed, labels, frame_ms, base, opts, out) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    curves: dict[str, list[dict]] = {}
+    sweeps = {}
+    for name, minutes in (("valid", opts.valid_stream_minutes), ("test", opts.stream_minutes)):
+        streams = _streams(
+            pools[name],
+            minutes,
+            opts.stream_piece_minutes,
+            rirs,
+            seed + (1 if name == "test" else 2),
+        )
+        per = [(stream_scores(model, s.audio), s) for s in streams]
+        sweeps[name] = sweep(per, labels, frame_ms, base)
+        curves[f"{name} voices"] = [s.summary() for s in sweeps[name]]
+        res[name] = {"hours": sum(s.hours for s in streams), "curve": curves[f"{name} voices"]}
+    ok = [s for s in sweeps["valid"] if s.fa_per_hour <= opts.fa_target]
+    chosen = (
+        min(ok, key=lambda s: s.threshold)
+        if ok
+        else max(sweeps["valid"], key=lambda s: s.threshold)
+    )
+    point = KWSConfig(**{**asdict(base), "threshold": chosen.threshold, "keywords": {}})
+    res["operating_point"] = point.to_dict()
+    at = next(s for s in sweeps["test"] if s.threshold == chosen.threshold)
+    res["test_at_operating_point"] = at.summary()
+    res["valid_at_operating_point"] = chosen.summary()
+    plot_det(curves, out / "det.png", opts.fa_target)
+    return res
+
+
+def write_operating_point(model_dir: Path, point: dict[str, Any]) -> None:
+    """Store the detection operating point in the checkpoint's metadata (config.json)."""
+    path = Path(model_dir) / "config.json"
+    header = json.loads(path.read_text())
+    header.setdefault("metadata", {})["detection"] = point
+    path.write_text(json.dumps(header, indent=1, sort_keys=True))

@@ -1,0 +1,288 @@
+"""Keyword spotting (SC12: ten commands + ``_silence_`` + ``_unknown_``) for continuous streams.
+
+Data: the multi-synthesizer corpus (espeak-ng, flite, festival; ``training.data.corpus``) split
+by speaker (``training.data.splits``; ``--split final`` or a leave-one-synthesizer-out preset),
+windows with per-frame targets and room/microphone augmentation (``training.data.sc12``).
+
+Model: causal DLR classifier with a per-frame front end (``--frontend logmel``: a log-mel
+spectrum of each 20 ms frame, or ``raw`` samples as in the paper) and an exponentially weighted
+pooling head (``--pool-window-s``; 0 gives the paper's running mean). Loss: cross-entropy at
+every frame with a target (see ``sc12.py``), so the model says a word shortly after it ends and
+``_silence_`` otherwise. The front end's mel filterbank is warped per window during training
+(vocal-tract-length perturbation); the shipped front end is unwarped.
+
+Validation/selection metric: last-frame accuracy on 1.5 s clips of the valid speakers (commands,
+unknown words, word-less windows), which is what the server's utterance mode reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+from dlr_runtime import DLRModel, save_checkpoint, to_recurrent
+from dlr_runtime.frontend import LogMel, mel_filterbank
+from dlr_runtime.kws import KWSConfig
+from dlr_runtime.model import frames_of
+from training.config import TrainConfig
+from training.data.corpus import CorpusConfig, all_tts_voices, generate
+from training.data.labels import SAMPLE_RATE
+from training.data.rooms import rir_bank
+from training.data.sc12 import (
+    IGNORE,
+    SIL,
+    UNK,
+    KWSWindows,
+    WindowConfig,
+    WordPool,
+    clip_windows,
+    silence_windows,
+)
+from training.data.splits import check_disjoint, split_voices
+from training.data.vocab import SC12_LABELS, unknown_words
+from training.distributed import DistContext, ShardedSampler
+from training.modelopts import ModelOptions
+from training.trainer import Recipe
+
+TASK = "keyword-spotting-sc12"
+
+
+@dataclass
+class KWSOptions:
+    cache_dir: str = "runs/sc12cache"  # clean-clip and room-impulse-response cache
+    split: str = "final"  # final | loso-espeak | loso-flite | loso-festival
+    workers: int = 2  # processes rendering missing clips
+    frontend: str = "logmel"  # logmel | raw (the paper's raw samples)
+    n_mels: int = 40  # logmel: mel bands
+    frame_stride: int = 320  # samples per frame (320 = 20 ms)
+    pool_window_s: float = 0.3  # head window time constant (s); 0 = running mean
+    window_s: float = 2.4  # training window length
+    epoch_windows: int = 19200  # training windows per epoch
+    valid_clips: int = 1200  # valid clips scored per evaluation (0: all)
+    valid_silence: int = 200  # word-less valid windows per evaluation
+    vtlp: bool = True  # warp the mel filterbank per training window
+    label_smoothing: float = 0.05  # cross-entropy label smoothing
+    tiny_corpus: bool = False  # a few voices and words only (tests and smoke runs)
+
+
+def corpus_config(opts: KWSOptions, seed: int) -> CorpusConfig:
+    """The corpus of a run: the full one, or a tiny one for tests."""
+    if not opts.tiny_corpus:
+        return CorpusConfig(seed=seed)
+    return CorpusConfig(
+        seed=seed,
+        accents=("en-us",),
+        variants=("m1", "m2", "m3", "f1", "f2", "f3", "klatt", "klatt2"),
+        engines=("espeak", "flite"),
+        espeak_command_renditions=1,
+        espeak_unknown_per_voice=6,
+        command_renditions=2,
+        unknown_renditions=1,
+        unknown=unknown_words()[:24],
+    )
+
+
+def load_split(opts: KWSOptions, seed: int) -> dict[str, WordPool]:
+    """Generate/load the corpus and return one WordPool per split of ``opts.split``."""
+    ccfg = corpus_config(opts, seed)
+    voices = all_tts_voices(ccfg)
+    split = split_voices(voices, opts.split, seed)
+    check_disjoint(split)
+    keep = [v for vs in split.values() for v in vs]
+    clips = generate(ccfg, opts.cache_dir, opts.workers, voices=keep)
+    return {name: WordPool.from_voices([clips[v.key] for v in vs]) for name, vs in split.items()}
+
+
+class WarpedFrontend:
+    """Mel filterbanks with the frequency axis scaled by a factor (VTLP), cached per 1 %."""
+
+    def __init__(self, fe: LogMel) -> None:
+        self.fe = fe
+        self.cache: dict[int, torch.Tensor] = {}
+
+    def bank(self, warp: float) -> torch.Tensor:
+        key = int(round(warp * 100))
+        if key not in self.cache:
+            fb = mel_filterbank(self.fe.bin_hz * (key / 100), self.fe.n_mels, self.fe.f_max)
+            self.cache[key] = fb.float()
+        return self.cache[key]
+
+    def features(self, frames: torch.Tensor, warps: torch.Tensor) -> torch.Tensor:
+        """Frames (B, F, S), warps (B,) -> log-mel (B, F, M)."""
+        banks = torch.stack([self.bank(float(w)) for w in warps]).to(frames)  # (B, K, M)
+        return self.fe.compress(torch.bmm(self.fe.power(frames), banks))
+
+
+def frame_logits(model: DLRModel, feats: torch.Tensor) -> torch.Tensor:
+    """Front-end features (B, F, D) -> class scores (B, F, C) (the rest of DLRModel.forward)."""
+    h = model.encoder.frame(feats)  # (B, F, H)
+    for block in model.blocks:
+        h = block(h)
+    return model.head(h)
+
+
+@torch.no_grad()
+def last_frame_scores(model: nn.Module, audio: torch.Tensor, batch: int = 64) -> torch.Tensor:
+    """Scores after the last frame of each window (N, C), offline."""
+    outs = []
+    for s in range(0, len(audio), batch):
+        outs.append(model(audio[s : s + batch])[:, -1].float())
+    return torch.cat(outs) if outs else torch.zeros(0, len(SC12_LABELS))
+
+
+class KWSRecipe(Recipe):
+    name = "kws"
+    primary = "accuracy"
+    higher_is_better = True
+    items_name = "windows"
+
+    def __init__(self, opts: KWSOptions, model_opts: ModelOptions, train: TrainConfig) -> None:
+        if opts.frontend not in ("logmel", "raw"):
+            raise ValueError(f"--frontend must be logmel or raw, got {opts.frontend!r}")
+        if SAMPLE_RATE % opts.frame_stride:
+            raise ValueError(f"--frame-stride must divide {SAMPLE_RATE}, got {opts.frame_stride}")
+        self.opts, self.model_opts = opts, model_opts
+        self.batch_size, self.seed = train.batch_size, train.seed
+        self.num_workers = train.num_workers
+        self.warp: WarpedFrontend | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"kws": asdict(self.opts), "model": self.model_opts.to_dict()}
+
+    def setup(self, ctx: DistContext) -> None:
+        o = self.opts
+        self.pools = load_split(o, self.seed)
+        self.rirs = rir_bank(o.cache_dir, seed=self.seed)
+        wcfg = WindowConfig(window_s=o.window_s, stride=o.frame_stride)
+        self.train_set = KWSWindows(
+            self.pools["train"], self.rirs, wcfg, self.seed, o.epoch_windows
+        )
+        self.sampler = ShardedSampler(len(self.train_set), self.seed, ctx.rank, ctx.world_size)
+        valid = self.pools["valid"]
+        rng = np.random.default_rng([self.seed, 0xFA1])
+        idx = np.arange(len(valid))
+        if o.valid_clips and len(idx) > o.valid_clips:
+            idx = np.sort(rng.choice(idx, o.valid_clips, replace=False))
+        audio = clip_windows(valid, idx, self.rirs, self.seed, augment=True)
+        sil = silence_windows(o.valid_silence, valid, self.seed)
+        self.valid_audio = torch.cat([audio, sil])
+        self.valid_labels = torch.cat(
+            [torch.from_numpy(valid.labels[idx]), torch.full((len(sil),), SIL)]
+        )
+
+    def build_model(self) -> nn.Module:
+        o = self.opts
+        cfg = self.model_opts.to_config(
+            encoder="audio",
+            decoder="classifier",
+            labels=list(SC12_LABELS),
+            sample_rate=SAMPLE_RATE,
+            frame_stride=o.frame_stride,
+            frontend=o.frontend,
+            n_mels=o.n_mels,
+            pool_window_s=o.pool_window_s,
+        )
+        model = DLRModel(cfg, seed=self.seed)
+        if o.frontend == "logmel" and o.vtlp:
+            self.warp = WarpedFrontend(model.encoder.frontend)
+        return model
+
+    def steps_per_epoch(self) -> int:
+        return self.sampler.per_rank() // self.batch_size
+
+    def train_batches(self, epoch: int, start: int) -> Iterator[Any]:
+        self.train_set.set_epoch(epoch)
+        self.sampler.set_epoch(epoch, start * self.batch_size)
+        loader = DataLoader(
+            self.train_set,
+            batch_size=self.batch_size,
+            sampler=self.sampler,
+            drop_last=True,
+            num_workers=self.num_workers,
+        )
+        return iter(loader)
+
+    def loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[torch.Tensor, int]:
+        audio, targets, warps = batch[0].to(device), batch[1].to(device), batch[2]
+        core = getattr(model, "module", model)  # DDP wraps the model
+        if self.warp is not None:
+            frames = frames_of(audio, core.config.frame_stride)  # (B, F, S)
+            logits = frame_logits(core, self.warp.features(frames, warps))  # (B, F, C)
+        else:
+            logits = model(audio)  # (B, F, C)
+        n = min(logits.shape[1], targets.shape[1])
+        loss = F.cross_entropy(
+            logits[:, :n].reshape(-1, logits.shape[-1]).float(),
+            targets[:, :n].reshape(-1),
+            ignore_index=IGNORE,
+            label_smoothing=self.opts.label_smoothing,
+        )
+        return loss, audio.shape[0]
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, device: torch.device, split: str = "valid") -> dict:
+        was = model.training
+        model.eval()
+        scores = last_frame_scores(model, self.valid_audio.to(device))
+        model.train(was)
+        pred, lab = scores.argmax(-1).cpu(), self.valid_labels
+        is_cmd = lab < SIL
+        rejected_ok = pred[~is_cmd] >= SIL
+        return {
+            "accuracy": float((pred == lab).float().mean()),
+            "command_accuracy": float((pred[is_cmd] == lab[is_cmd]).float().mean()),
+            "false_accept": float(1 - rejected_ok.float().mean()),
+            "loss": float(F.cross_entropy(scores, lab.to(scores.device))),
+            "clips": float(len(lab)),
+        }
+
+    @torch.no_grad()
+    def stream_check(self, model: nn.Module, dtype: torch.dtype) -> dict:
+        """The recurrent form fed 100 ms chunks vs the offline forward on valid clips."""
+        model = model.cpu().eval()
+        rec = to_recurrent(model, dtype=dtype)
+        audio = self.valid_audio[:64]
+        offline = model(audio)  # (n, F, C)
+        state = rec.init_state(len(audio))
+        outs = []
+        for s in range(0, audio.shape[1], SAMPLE_RATE // 10):
+            y, state = rec.chunk(audio[:, s : s + SAMPLE_RATE // 10].to(rec.rdtype), state)
+            outs.append(y)
+        stream = torch.cat(outs, dim=1).to(offline.dtype)
+        return {
+            "state_dtype": str(dtype).removeprefix("torch."),
+            "max_abs_score_diff": float((stream - offline).abs().max()),
+            "final_prediction_agreement": float(
+                (stream[:, -1].argmax(-1) == offline[:, -1].argmax(-1)).float().mean()
+            ),
+        }
+
+    def finish(self, model: nn.Module, device: torch.device, out_dir: Path) -> dict[str, Any]:
+        results: dict[str, Any] = {"valid": self.evaluate(model, device)}
+        results["streaming"] = {
+            "complex64": self.stream_check(model, torch.complex64),
+            "complex128": self.stream_check(model, torch.complex128),
+        }
+        results["state_bytes_per_session"] = to_recurrent(model.cpu()).state_bytes_per_session()
+        results["split"] = {k: sorted(set(p.voices.tolist())) for k, p in self.pools.items()}
+        results["sizes"] = {
+            k: {
+                "clips": len(p),
+                "commands": int((p.labels < SIL).sum()),
+                "unknown": int((p.labels == UNK).sum()),
+            }
+            for k, p in self.pools.items()
+        }
+        model.to(device)
+        return results
+
+    def save_model(self, model: nn.Module, path: Path, summary: dict[str, Any]) -> None:
+        save_checkpoint(model, path, training=summary, task=TASK, detection=asdict(KWSConfig()))
