@@ -36,6 +36,7 @@ class Heard:
     computed: int  # frames computed (pre-roll included)
     skipped: int  # frames skipped by the gate
     ok: bool = True  # False: the model produced non-finite scores for this stream
+    total: int = 0  # detections of the stream so far, these included (numbers them)
 
 
 class Listener:
@@ -128,5 +129,15 @@ def feed_listening(
     heard = []
     for i, lis in enumerate(listeners):
         lis.speech = lis.gate.open
-        heard.append(Heard(tuple(found[i]), last[i], lis.speech, computed[i], skipped[i], ok[i]))
+        heard.append(
+            Heard(
+                tuple(found[i]),
+                last[i],
+                lis.speech,
+                computed[i],
+                skipped[i],
+                ok[i],
+                lis.n_detections,
+            )  # fmt: skip
+        )
     return heard

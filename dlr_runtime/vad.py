@@ -1,9 +1,15 @@
 """A voice-activity gate per stream: which whole frames the model computes, which it skips.
 
-Each model frame (``frame_stride`` samples) is *voiced* when its RMS is above ``floor_dbfs``
-(a cheap vectorised pre-check: digital silence and very quiet rooms never reach the VAD) and
-WebRTC's VAD (``webrtcvad``, C, microseconds per 10 ms) calls any 10 ms piece of it speech.
-The gate opens at a voiced frame and closes after ``hangover_ms`` without one.
+Voice activity is an energy / noise-floor rule with explicit state, so that a stream's gate
+round-trips exactly through `snapshot` / `restore` (resume, export, drain): each model frame
+(``frame_stride`` samples) has the energy e_t = 10 log10(mean(x^2) + 1e-10) dB full scale; the
+noise floor n_t is the minimum of e over the last ``floor_window_ms`` (minimum statistics: it
+follows steady noise up and down, and speech, which dips between syllables, does not lift it);
+the frame is *voiced* when e_t > ``floor_dbfs`` and e_t > n_t + ``margin_db``. (WebRTC's VAD
+was measured first: its noise model adapts inside the C object, which cannot be saved, and a
+fresh object per frame calls 100 % of white noise speech; so it does not fit a gate whose state
+must survive a resume exactly.) The gate opens at a voiced frame and closes after
+``hangover_ms`` without one.
 
 The rule for the model's state (exact, and what the tests check):
 
@@ -13,8 +19,8 @@ The rule for the model's state (exact, and what the tests check):
 
 so every open segment is computed exactly as the ungated model computes that segment's audio
 (pre-roll included) as a fresh stream. Gate decisions depend only on the audio, never on how
-it was chunked. The gate's state (open, frames since the last voiced one, pre-roll samples) is
-fixed-size and round-trips through `snapshot` / `restore`.
+it was chunked. The gate's state (open, frames since the last voiced one, the window of recent
+energies, pre-roll samples) is fixed-size and round-trips through `snapshot` / `restore`.
 """
 
 from __future__ import annotations
@@ -25,21 +31,15 @@ from typing import Any
 
 import numpy as np
 
-try:  # the C WebRTC VAD (webrtcvad-wheels); the energy pre-check alone without it
-    import webrtcvad
-except ImportError:  # pragma: no cover
-    webrtcvad = None
-
-VAD_RATES = (8000, 16000, 32000, 48000)
-
 
 @dataclass
 class GateConfig:
     """Operating point of the gate."""
 
     enabled: bool = True  # False: every frame is computed (no gate)
-    aggressiveness: int = 2  # webrtcvad mode 0..3 (3 rejects the most non-speech)
-    floor_dbfs: float = -55.0  # frames quieter than this (RMS, dB full scale) are silence
+    floor_dbfs: float = -50.0  # frames quieter than this (dB full scale) are silence
+    margin_db: float = 8.0  # voiced: this far above the noise floor
+    floor_window_ms: float = 2000.0  # the noise floor is the minimum energy over this window
     hangover_ms: float = 400.0  # the gate stays open this long after the last voiced frame
     preroll_ms: float = 200.0  # audio before the opening frame fed after the reset
 
@@ -73,32 +73,25 @@ class Gate:
         frame_ms = stride / rate * 1000
         self.hangover = int(round(self.config.hangover_ms / frame_ms))
         self.n_pre = int(round(self.config.preroll_ms / frame_ms))
-        self.floor = 10 ** (self.config.floor_dbfs / 20)
-        self.sub = rate // 100  # 10 ms pieces for webrtcvad
-        self.vad = None
-        if webrtcvad is not None and rate in VAD_RATES and stride % self.sub == 0:
-            self.vad = webrtcvad.Vad(int(self.config.aggressiveness))
+        self.window = max(1, int(round(self.config.floor_window_ms / frame_ms)))
         self.reset()
 
     def reset(self) -> None:
         self.open = False
         self.quiet = 0  # frames since the last voiced one
+        self.energy = np.zeros(0)  # dB of the last <= window - 1 frames
         self.pre = np.zeros((0, self.stride), np.float32)  # last <= n_pre frames
 
     def voiced(self, frames: np.ndarray) -> np.ndarray:
-        """(F, stride) float samples -> (F,) bool."""
-        rms = np.sqrt(np.mean(np.square(frames, dtype=np.float64), axis=1))  # (F,)
-        out = rms > self.floor
-        if self.vad is None:
-            return out
-        pcm = (np.clip(frames, -1.0, 1.0) * 32767).astype("<i2")  # (F, stride)
-        for i in np.flatnonzero(out):
-            row = pcm[i]
-            out[i] = any(
-                self.vad.is_speech(row[j : j + self.sub].tobytes(), self.rate)
-                for j in range(0, self.stride, self.sub)
-            )
-        return out
+        """(F, stride) float samples -> (F,) bool (the energy window moves on)."""
+        e = 10 * np.log10(np.mean(np.square(frames, dtype=np.float64), axis=1) + 1e-10)  # (F,)
+        hist = np.concatenate([self.energy, e])  # (P + F,)
+        w = np.lib.stride_tricks.sliding_window_view(
+            np.concatenate([np.full(self.window - 1, np.inf), hist]), self.window
+        )[-e.size :]  # (F, window): the window ending at each frame
+        floor = w.min(axis=1)
+        self.energy = hist[-(self.window - 1) :] if self.window > 1 else hist[:0]
+        return (e > self.config.floor_dbfs) & (e > floor + self.config.margin_db)
 
     def plan(self, x: np.ndarray) -> list[Run]:
         """Decide a chunk of whole frames (F * stride,) -> runs in order (the state moves)."""
@@ -144,7 +137,12 @@ class Gate:
 
     def snapshot(self) -> dict[str, Any]:
         pre = base64.b64encode(self.pre.astype("<f4").tobytes()).decode()
-        return {"open": self.open, "quiet": self.quiet, "pre": pre}
+        return {
+            "open": self.open,
+            "quiet": self.quiet,
+            "energy": self.energy.tolist(),
+            "pre": pre,
+        }
 
     def restore(self, snap: dict[str, Any]) -> None:
         raw = base64.b64decode(snap["pre"], validate=True)
@@ -153,5 +151,8 @@ class Gate:
             raise ValueError("gate pre-roll does not fit this stream")
         if not np.isfinite(pre).all():
             raise ValueError("gate pre-roll must be finite")
-        self.pre = pre.reshape(-1, self.stride)
+        energy = np.array(snap["energy"], np.float64).reshape(-1)
+        if energy.size >= self.window or not np.isfinite(energy).all():
+            raise ValueError("gate energy window does not fit this stream")
+        self.pre, self.energy = pre.reshape(-1, self.stride), energy
         self.open, self.quiet = bool(snap["open"]), int(snap["quiet"])

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from dlr_runtime.engine import IncrementalDecoder, SamplingParams, StopMatcher, sample_token
+from dlr_runtime.listen import Listener
 
 from .events import TOP_N, Failed, GenEvent, Scores, SpeechEvent
 
@@ -67,6 +68,7 @@ class SpeechStream:
     slot: int
     stride: int
     resampler: Any = None  # client rate -> model rate (StreamResampler); None: same rate
+    listener: Listener | None = None  # continuous mode: gate + detector (engine thread only)
     chunks: list[torch.Tensor] = field(default_factory=list)  # waiting samples (model rate)
     buffered: int = 0  # samples waiting
     consumed: int = 0  # samples fed to the model

@@ -199,3 +199,35 @@ def test_batched_streams_equal_solo(model):
         feed_listening(eng, slots, lis, [torch.from_numpy(x[i : i + 5 * STRIDE]) for x in xs])
     for s, ref in zip(lis, solo, strict=True):
         assert same(s.detections, ref) and ref
+
+
+def test_gate_skips_steady_noise_and_passes_voice_over_it():
+    rng = np.random.default_rng(5)
+    noise = (0.01 * rng.standard_normal(RATE * 6)).astype(np.float32)  # -40 dBFS white
+    x = noise.copy()
+    x[RATE * 4 : RATE * 4 + 8000] += voice(0.5, 150)
+    gate = Gate(STRIDE, RATE)
+    decided = []
+    for i in range(0, x.size, 10 * STRIDE):
+        for run in gate.plan(x[i : i + 10 * STRIDE]):
+            decided += [run.feed] * run.frames
+    decided = np.array(decided)
+    assert not decided[:400].any()  # 4 s of steady noise: never computed
+    assert decided[400:450].all()  # the voice over the noise opens the gate
+    assert not decided[500:].any()  # closed again after the hangover
+
+
+def test_gate_snapshot_round_trip_mid_noise():
+    rng = np.random.default_rng(6)
+    x = (0.01 * rng.standard_normal(RATE * 3)).astype(np.float32)
+    x[RATE : RATE + 4800] += voice(0.3, 200)
+    a, cut = Gate(STRIDE, RATE), 130 * STRIDE
+    whole = [(r.feed, r.frames, r.reset, r.lead) for r in a.plan(x)]
+    b = Gate(STRIDE, RATE)
+    first = [(r.feed, r.frames, r.reset, r.lead) for r in b.plan(x[:cut])]
+    c = Gate(STRIDE, RATE)
+    c.restore(b.snapshot())
+    rest = [(r.feed, r.frames, r.reset, r.lead) for r in c.plan(x[cut:])]
+    frames = lambda runs: [f for feed, n, _, _ in runs for f in [feed] * n]  # noqa: E731
+    assert frames(first + rest) == frames(whole)
+    assert c.snapshot() == a.snapshot()
