@@ -1,4 +1,5 @@
-"""Test audio for keyword spotting: espeak-ng words with pauses, and where each one is."""
+"""Keyword-spotting test material: espeak-ng words with pauses (and where each one is), voiced
+test signals, and a tiny random SC12-style model with a detection operating point."""
 
 from __future__ import annotations
 
@@ -10,9 +11,31 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import soundfile as sf
+import torch
 from scipy.signal import resample_poly
 
+from dlr_runtime import DLRConfig, DLRModel, save_checkpoint
+
 RATE = 16000
+NAME = "tiny-kws"
+LABELS = ["yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go"]
+LABELS += ["_silence_", "_unknown_"]
+DETECTION = {"threshold": 0.3, "smooth_ms": 50.0, "refractory_ms": 300.0}
+
+
+def write_kws_model(root) -> None:
+    cfg = DLRConfig(
+        d_model=16, d_state=8, n_layers=2, encoder="audio", decoder="classifier",
+        labels=LABELS, frame_stride=160, frontend="logmel", n_mels=16, pool_window_s=0.5,
+        dt_min=0.01, dt_max=0.5, sample_rate=RATE,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    m = DLRModel(cfg, seed=5)
+    with torch.no_grad():
+        m.head.proj.weight.mul_(8.0)
+    save_checkpoint(m, root / NAME, detection=DETECTION)
+
+
 COMMANDS = ["go", "stop", "left", "yes", "down"]
 MIXED = ["go", "house", "stop", "table", "left", "yes", "window", "down"]  # 3 non-commands
 
@@ -46,3 +69,15 @@ def spoken_stream(words: list[str], pause_s: float = 1.0) -> tuple[np.ndarray, l
         t += x.size + int(RATE * pause_s)
     x = np.concatenate(parts)
     return x + (1e-4 * rng.standard_normal(x.size)).astype(np.float32), where
+
+
+def words() -> np.ndarray:
+    """Five voiced 'words' (sawtooth at several pitches) between quiet gaps, 8 s."""
+    rng = np.random.default_rng(7)
+    parts = []
+    for f0, dur, gap in [(120, 0.5, 0.8), (200, 0.4, 1.2), (160, 0.6, 0.9), (260, 0.3, 1.0)]:
+        parts.append(1e-4 * rng.standard_normal(int(RATE * gap)))
+        t = np.arange(int(RATE * dur)) / RATE
+        parts.append(0.3 * ((t * f0) % 1 - 0.5) * np.hanning(t.size))
+    parts.append(1e-4 * rng.standard_normal(int(RATE * 1.5)))
+    return np.concatenate(parts).astype(np.float32)

@@ -67,10 +67,11 @@ def listening_fields(
     speech: bool, count: int, labels: list[str], msg: dict[str, Any]
 ) -> dict[str, Any]:
     """Add the continuous-mode fields to a partial/final: gate state, detection count; while
-    the gate is closed the top label is `_silence_` (the quiet posterior)."""
+    the gate is closed the top label is `_silence_` (the gate's verdict, also for a model
+    without that label)."""
     out = {**msg, "mode": "continuous", "vad": "speech" if speech else "silence"}
     out["detections_count"] = count
-    if not speech and SILENCE in labels:
+    if not speech:
         out.update(label=SILENCE, score=1.0, top=[{"label": SILENCE, "score": 1.0}])
     return out
 

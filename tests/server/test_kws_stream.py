@@ -19,33 +19,15 @@ import pytest
 import torch
 import websockets
 
-from dlr_runtime import DLRConfig, DLRModel, load_recurrent, save_checkpoint
+from dlr_runtime import load_recurrent
 from dlr_runtime.backends import make_backend
 from dlr_runtime.engine import Engine
 from dlr_runtime.kws import KWSConfig
 from dlr_runtime.listen import Listener, feed_listening
+from tests.kws_audio import DETECTION, LABELS, NAME, RATE, words, write_kws_model
 from tests.server.conftest import LiveServer, make_settings
 from tests.server.waits import eventually
 from tests.server.wshelp import SPEECH, drop, recv_json, resume, s16, send_json, speech_start
-
-NAME = "tiny-kws"
-LABELS = ["yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go"]
-LABELS += ["_silence_", "_unknown_"]
-RATE = 16000
-DETECTION = {"threshold": 0.3, "smooth_ms": 50.0, "refractory_ms": 300.0}
-
-
-def write_kws_model(root) -> None:
-    cfg = DLRConfig(
-        d_model=16, d_state=8, n_layers=2, encoder="audio", decoder="classifier",
-        labels=LABELS, frame_stride=160, frontend="logmel", n_mels=16, pool_window_s=0.5,
-        dt_min=0.01, dt_max=0.5, sample_rate=RATE,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    m = DLRModel(cfg, seed=5)
-    with torch.no_grad():
-        m.head.proj.weight.mul_(8.0)
-    save_checkpoint(m, root / NAME, detection=DETECTION)
 
 
 @pytest.fixture(scope="module")
@@ -59,18 +41,6 @@ def kws_dir(tmp_path_factory):
 def srv(kws_dir):
     with LiveServer(make_settings(kws_dir, resume_grace_s=20.0, max_chunk_frames=64)) as s:
         yield s
-
-
-def words() -> np.ndarray:
-    """Five voiced 'words' (sawtooth at several pitches) between quiet gaps, 8 s."""
-    rng = np.random.default_rng(7)
-    parts = []
-    for f0, dur, gap in [(120, 0.5, 0.8), (200, 0.4, 1.2), (160, 0.6, 0.9), (260, 0.3, 1.0)]:
-        parts.append(1e-4 * rng.standard_normal(int(RATE * gap)))
-        t = np.arange(int(RATE * dur)) / RATE
-        parts.append(0.3 * ((t * f0) % 1 - 0.5) * np.hanning(t.size))
-    parts.append(1e-4 * rng.standard_normal(int(RATE * 1.5)))
-    return np.concatenate(parts).astype(np.float32)
 
 
 def offline(kws_dir, x: np.ndarray, **opts) -> list[tuple[str, float]]:
