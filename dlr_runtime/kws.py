@@ -108,6 +108,7 @@ class KeywordSpotter:
         )  # (K,)
         self.k = max(1, int(round(self.config.smooth_ms / self.frame_ms)))
         self.refractory = int(round(self.config.refractory_ms / self.frame_ms))
+        self._quiet = self.quiet()
         self.reset()
 
     def reset(self) -> None:
@@ -138,7 +139,7 @@ class KeywordSpotter:
         quiet rows, a further quiet push leaves ring and sum bit-identical (it adds q - q = 0),
         so the rest of the run only moves the frame counter and the re-arm bookkeeping.
         """
-        q = self.quiet()
+        q = self._quiet
         while n > 0 and not (self.ring == q).all():
             self.push_posterior(q)
             n -= 1

@@ -85,13 +85,24 @@ class Gate:
     def voiced(self, frames: np.ndarray) -> np.ndarray:
         """(F, stride) float samples -> (F,) bool (the energy window moves on)."""
         e = 10 * np.log10(np.mean(np.square(frames, dtype=np.float64), axis=1) + 1e-10)  # (F,)
-        hist = np.concatenate([self.energy, e])  # (P + F,)
-        w = np.lib.stride_tricks.sliding_window_view(
-            np.concatenate([np.full(self.window - 1, np.inf), hist]), self.window
-        )[-e.size :]  # (F, window): the window ending at each frame
-        floor = w.min(axis=1)
-        self.energy = hist[-(self.window - 1) :] if self.window > 1 else hist[:0]
-        return (e > self.config.floor_dbfs) & (e > floor + self.config.margin_db)
+        old, keep = self.energy, self.window - 1
+        loud = e > self.config.floor_dbfs
+        if loud.any():
+            if e.size <= keep:  # window min = min(suffix of the old energies, prefix of e)
+                # the window ending at frame j holds old[max(0, P - keep + j):] and e[:j + 1]
+                tail = np.append(np.minimum.accumulate(old[::-1])[::-1], np.inf)  # suffix mins
+                start = np.clip(old.size - keep + np.arange(e.size), 0, old.size)  # (F,)
+                old_min = tail[start]
+                floor = np.minimum(old_min, np.minimum.accumulate(e))
+            else:
+                w = np.lib.stride_tricks.sliding_window_view(
+                    np.concatenate([np.full(keep, np.inf), old, e]), self.window
+                )[-e.size :]  # (F, window): the window ending at each frame
+                floor = w.min(axis=1)
+            loud &= e > floor + self.config.margin_db
+        hist = np.concatenate([old, e])
+        self.energy = hist[-keep:] if keep else hist[:0]
+        return loud
 
     def plan(self, x: np.ndarray) -> list[Run]:
         """Decide a chunk of whole frames (F * stride,) -> runs in order (the state moves)."""
@@ -103,6 +114,12 @@ class Gate:
             self.open = True
             return [Run(True, f, frames.reshape(-1))]
         voiced = self.voiced(frames)
+        if self.n_pre:
+            pre = np.concatenate([self.pre, frames])[-self.n_pre :]
+        if not self.open and not voiced.any():  # the common case of a silent stream
+            if self.n_pre:
+                self.pre = pre
+            return [Run(False, f)]
         decide = np.empty(f, bool)
         opens = np.zeros(f, bool)
         for i in range(f):
@@ -132,7 +149,7 @@ class Gate:
                 runs.append(Run(False, j - i))
             i = j
         if self.n_pre:
-            self.pre = np.concatenate([self.pre, frames])[-self.n_pre :]
+            self.pre = pre
         return runs
 
     def snapshot(self) -> dict[str, Any]:

@@ -101,6 +101,7 @@ def test_page_classifies_microphone_and_streams_text(browser, page_server, loope
     page.goto(server.url + "/")
     page.wait_for_function("document.querySelectorAll('#speech-model option').length > 0")
     page.select_option("#speech-model", model)
+    page.select_option("#speech-mode", "utterance")  # one label per stream (test_browser_kws.py)
 
     # --- microphone -> live partials -> stop -> final
     page.click("#mic-start")
