@@ -81,6 +81,8 @@ def run_page(wav: Path, seconds: float, url: str, threshold: float | None, shot:
             if heard and float(status.split(" at ")[1].split(" s")[0]) >= seconds - 1.0:
                 break
             page.wait_for_timeout(100)
+        if shot is not None:  # while listening: detections, state, bars
+            page.screenshot(path=str(shot), full_page=True)
         page.click("#mic-stop")
         page.wait_for_function(
             "document.getElementById('final-label').textContent !== '–'", timeout=20000
@@ -89,8 +91,6 @@ def run_page(wav: Path, seconds: float, url: str, threshold: float | None, shot:
             "#detections li", "rows => rows.map(r => [r.dataset.label, Number(r.dataset.endMs)])"
         )
         marks = page.eval_on_selector_all("#timeline .mark", "ms => ms.length")
-        if shot is not None:
-            page.screenshot(path=str(shot), full_page=True)
         errors = page.text_content("#errors")
         b.close()
     return rows, states, marks, errors, console
