@@ -251,3 +251,52 @@ def test_utterance_mode_is_unchanged(srv):
         await ws.close()
 
     asyncio.run(main())
+
+
+def test_drain_persists_and_a_restarted_server_continues(kws_dir, tmp_path):
+    """Drain (the SIGTERM path) mid-stream with state_dir, restart on it, resume: the
+    detections before and after equal the uninterrupted stream's, seq without a gap."""
+    data = s16(words())
+    settings = make_settings(kws_dir, state_dir=tmp_path / "state", resume_grace_s=30)
+    a = LiveServer(settings).start()
+    seen: list[dict] = []
+
+    async def first():
+        ws, ready = await speech_start(a.ws, mode="continuous")
+        cut = len(data) // 2 // 3200 * 3200
+        for i in range(0, cut, 3200):
+            await ws.send(data[i : i + 3200])
+        seen.append(await recv_json(ws))
+        stopping = asyncio.create_task(asyncio.to_thread(a.stop))  # drains: persisted
+        with pytest.raises(websockets.ConnectionClosed):
+            while True:
+                seen.append(await recv_json(ws, timeout=30))
+        await stopping
+        return ready
+
+    try:
+        want = dets(asyncio.run(stream(a.ws, data, 3200))[0])
+        ready = asyncio.run(first())
+    finally:
+        a.stop()
+    assert seen[-1]["type"] == "going_away" and seen[-1]["resume"] is True
+    assert list((tmp_path / "state").glob("*.state"))
+    b = LiveServer(settings).start()
+
+    async def second():
+        last = max(m.get("seq", 0) for m in seen)
+        ws2, again = await resume(b.ws, SPEECH, ready, last_seq=last)
+        for i in range(again["bytes_received"], len(data), 3200):
+            await ws2.send(data[i : i + 3200])
+        await send_json(ws2, {"type": "end"})
+        while seen[-1]["type"] != "final":
+            seen.append(await recv_json(ws2))
+        await ws2.close()
+
+    try:
+        asyncio.run(second())
+    finally:
+        b.stop()
+    numbered = [m for m in seen if "seq" in m]
+    assert [m["seq"] for m in numbered] == list(range(1, len(numbered) + 1))
+    assert dets(seen) == want
