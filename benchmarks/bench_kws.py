@@ -35,6 +35,7 @@ from dlr_runtime.backends import make_backend
 from dlr_runtime.engine import Engine
 from dlr_runtime.kws import KWSConfig
 from dlr_runtime.listen import Listener, feed_listening
+from dlr_runtime.vad import GateConfig
 
 RATE = 16000
 COMMAND_WORDS = ["yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go"]
@@ -114,12 +115,14 @@ def mostly_idle(seconds: float, rng: np.random.Generator, fraction: float = 0.1)
     return x
 
 
-def cpu_per_audio_s(eng: Engine, labels, streams: list[np.ndarray], chunk_ms=100.0) -> float:
+def cpu_per_audio_s(
+    eng: Engine, labels, streams: list[np.ndarray], chunk_ms=100.0, gate: bool = True
+) -> float:
     """Process CPU seconds per stream-second of audio for these streams fed as one batch."""
     slots = [eng.open() for _ in streams]
     cfg = eng.config
     kws = KWSConfig.from_metadata(eng.metadata)
-    lis = [Listener(labels, cfg.frame_stride, RATE, kws) for _ in streams]
+    lis = [Listener(labels, cfg.frame_stride, RATE, kws, GateConfig(enabled=gate)) for _ in streams]
     step = int(RATE * chunk_ms / 1000)
     n = min(x.size for x in streams)
     t0 = time.process_time()
@@ -175,11 +178,14 @@ def main() -> None:
         "mostly idle (10 % speech)": [mostly_idle(sec, rng) for _ in range(b)],
     }
     cost = {name: cpu_per_audio_s(eng, labels, xs) for name, xs in kinds.items()}
+    idle = kinds["mostly idle (10 % speech)"]
+    cost["mostly idle, gate off (`vad: false`)"] = cpu_per_audio_s(eng, labels, idle, gate=False)
     speak = cost["speaking (words back to back)"]
     lines = [
         f"model `{args.model}` ({rec.config.d_model}x{rec.config.d_state}x"
         f"{rec.config.n_layers}, labels {len(labels)}), {b} streams x {sec:g} s per kind, "
-        "batches of 100 ms per stream, 1 torch thread",
+        "batches of 100 ms per stream, 1 torch thread; CPU = process time of the engine-thread "
+        "path (gate, model, detector), no network",
         "",
         "| stream kind | CPU ms per stream-second | vs speaking | streams per core in real time |",
         "|---|---|---|---|",
