@@ -430,6 +430,10 @@ class Scheduler:
             )  # fmt: skip
             for k, h in zip(cont, got, strict=True):
                 heard[k] = h
+            m = self.metrics
+            m.kws_frames.labels(self.name, "computed").inc(sum(h.computed for h in got))
+            m.kws_frames.labels(self.name, "skipped").inc(sum(h.skipped for h in got))
+            m.kws_detections.labels(self.name).inc(sum(len(h.detections) for h in got))
         finals = {}
         ended = [b.audio[k][0] for k in plain if b.audio_final[k]]
         if ended:

@@ -107,6 +107,9 @@ def test_detections_match_runtime_and_chunking_does_not_matter(srv, kws_dir):
         assert all(m["label"] == "_silence_" for m in partials if m["vad"] == "silence")
         runs[ms] = got
     assert runs[20] == runs[100] == runs[1000]
+    metrics = httpx.get(srv.http + "/metrics", timeout=10).text
+    for line in ('decision="computed"', 'decision="skipped"', "dlr_kws_detections_total{"):
+        assert line in metrics
 
 
 def test_thresholds_and_subsets_change_what_fires(srv, kws_dir):
