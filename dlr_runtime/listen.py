@@ -5,9 +5,11 @@
 `Listener.restore()` round-trip it as plain JSON values, next to the slot's state snapshot.
 
 `feed_listening(engine, slots, listeners, chunks)` runs on the engine thread: each stream's
-gate turns its chunk of whole frames into runs (compute after a reset / skip, see vad.py); the
-runs of every stream are fed round by round (each round one `engine.feed_audio` call for all
-streams that have a run to compute, so equal-length runs share the backend call), and every
+gate turns its chunk of whole frames into runs (compute after a reset / skip, see vad.py),
+computed runs are cut into power-of-two pieces (a whole chunk from the scheduler already is
+one); the pieces of every stream are fed round by round (each round one `engine.feed_audio`
+call for all streams that have a piece to compute, so equal pieces share the backend call and
+the backend's cached block constants are reused), and every
 frame reaches the detector in stream order: computed frames as their class scores, skipped
 frames as the quiet posterior (`KeywordSpotter.skip`). Pre-roll frames re-fed after a reset
 are not pushed again (the detector saw them when they were skipped).
@@ -18,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from .kws import Detection, KeywordSpotter, KWSConfig
@@ -85,13 +88,52 @@ class Listener:
         return lis
 
 
+@dataclass(frozen=True)
+class _Step:
+    """One backend-sized piece of a run: compute `samples` (after a reset) and push all but
+    the first `drop` rows to the detector, or skip `skip` frames."""
+
+    samples: np.ndarray | None = None
+    reset: bool = False
+    drop: int = 0
+    skip: int = 0
+
+
+def _pieces(n: int) -> list[int]:
+    """Power-of-two frame counts, largest first, that sum to n (few distinct lengths: the
+    backend's cached block constants are reused and equal pieces of streams share a call)."""
+    out, bit = [], 1 << max(n.bit_length() - 1, 0)
+    while n:
+        if n >= bit:
+            out.append(bit)
+            n -= bit
+        bit >>= 1
+    return out
+
+
+def _steps(runs: list[Run], stride: int) -> list[_Step]:
+    steps: list[_Step] = []
+    for run in runs:
+        if not run.feed:
+            steps.append(_Step(skip=run.frames))
+            continue
+        at = 0
+        for k, n in enumerate(_pieces(run.lead + run.frames)):
+            piece = run.samples[at * stride : (at + n) * stride]
+            drop = min(max(run.lead - at, 0), n)
+            steps.append(_Step(piece, run.reset and k == 0, drop))
+            at += n
+    return steps
+
+
 def feed_listening(
     engine: Any, slots: list[int], listeners: list[Listener], chunks: list[torch.Tensor]
 ) -> list[Heard]:
     """Feed continuous streams their chunks (whole frames; a partial tail is dropped) through
     their gates; returns per stream what it heard (see the module docstring)."""
-    plans: list[list[Run]] = [
-        lis.gate.plan(x.detach().cpu().numpy().reshape(-1))
+    stride = engine.config.frame_stride
+    plans: list[list[_Step]] = [
+        _steps(lis.gate.plan(x.detach().cpu().numpy().reshape(-1)), stride)
         for lis, x in zip(listeners, chunks, strict=True)
     ]
     found: list[list[Detection]] = [[] for _ in slots]
@@ -101,7 +143,7 @@ def feed_listening(
     ok = [True] * len(slots)
     for r in range(max((len(p) for p in plans), default=0)):
         rows = [i for i, p in enumerate(plans) if r < len(p)]
-        feed = [i for i in rows if plans[i][r].feed]
+        feed = [i for i in rows if plans[i][r].samples is not None]
         for i in feed:
             if plans[i][r].reset:
                 engine.reset(slots[i])
@@ -110,18 +152,18 @@ def feed_listening(
         )
         out = dict(zip(feed, ys, strict=True))
         for i in rows:
-            run, lis = plans[i][r], listeners[i]
-            if not run.feed:
-                lis.spotter.skip(run.frames)
-                skipped[i] += run.frames
+            step, lis = plans[i][r], listeners[i]
+            if step.samples is None:
+                lis.spotter.skip(step.skip)
+                skipped[i] += step.skip
                 continue
-            y = out[i].double().cpu()  # (lead + frames, C)
+            y = out[i].double().cpu()  # (piece frames, C)
             if not ok[i] or not bool(torch.isfinite(y).all()):
                 ok[i] = False
                 continue
             computed[i] += y.shape[0]
             last[i] = y[-1]
-            for row in y[run.lead :].numpy():
+            for row in y[step.drop :].numpy():
                 det = lis.spotter.push(row)
                 if det is not None:
                     lis.heard(det)
