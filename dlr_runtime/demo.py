@@ -32,13 +32,9 @@ def main() -> None:
     dt = time.perf_counter() - t0
     step = torch.stack(steps, dim=1)
     scale = ref.abs().max().item()
-    print(
-        f"model: {model.num_parameters():,} parameters, state {rec.state_bytes_per_session():,} bytes/session"
-    )
+    print(f"model: {model.num_parameters():,} parameters, state {rec.state_bytes_per_session():,} bytes/session")
     for name, out in (("fft conv", conv), ("chunk", chunk), ("step", step)):
-        print(
-            f"{name:>8}: max |out - reference| / max |reference| = {(out - ref).abs().max().item() / scale:.2e}"
-        )
+        print(f"{name:>8}: max |out - reference| / max |reference| = {(out - ref).abs().max().item() / scale:.2e}")
     print(f"step loop: {tokens.numel() / dt:,.0f} tokens/s (batch 2, float64)")
 
 
