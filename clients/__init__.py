@@ -19,7 +19,15 @@ from clients.errors import (
 from clients.generate import AsyncGenerateClient
 from clients.speech import AsyncSpeechClient
 from clients.sync import ChatSession, GenerateClient, SpeechClient
-from clients.types import GenerateResult, ModelInfo, Score, SpeechResult, TokenEvent, Usage
+from clients.types import (
+    Detection,
+    GenerateResult,
+    ModelInfo,
+    Score,
+    SpeechResult,
+    TokenEvent,
+    Usage,
+)
 
 __all__ = [
     "AsyncChatSession",
@@ -28,6 +36,7 @@ __all__ = [
     "ChatSession",
     "ClientError",
     "ConnectionFailed",
+    "Detection",
     "GenerateClient",
     "GenerateResult",
     "ModelInfo",

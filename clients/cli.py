@@ -4,6 +4,8 @@ Commands::
 
     dlr-client speech FILE... [--realtime] [--chunk-ms 100] [--json] [--model M]
     dlr-client speech --mic [--seconds 5]          # needs the optional 'sounddevice' package
+    dlr-client speech --continuous FILE|--mic [--threshold T] [--keywords stop=0.8,go=0.6]
+                      [--listen stop,go] [--refractory-ms MS]   # one line per detected command
     dlr-client generate "prompt" [--max-new-tokens 64 --temperature 0.8 --top-k --top-p --seed --stop S]
     dlr-client chat [--model M]                     # interactive; state stays on the server
     dlr-client models [--json]
@@ -27,7 +29,7 @@ from clients.chat import AsyncChatSession
 from clients.errors import ClientError
 from clients.generate import AsyncGenerateClient
 from clients.speech import AsyncSpeechClient
-from clients.types import SpeechResult
+from clients.types import Detection, SpeechResult
 
 __all__ = ["build_parser", "main"]
 
@@ -51,6 +53,36 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _keywords(text: str | None) -> dict[str, float] | None:
+    """``stop=0.8,go=0.6`` -> {"stop": 0.8, "go": 0.6}."""
+    if not text:
+        return None
+    out = {}
+    for item in text.split(","):
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"dlr-client speech: --keywords wants NAME=THRESHOLD, got {item!r}")
+        out[name.strip()] = float(value)
+    return out
+
+
+def _listening(args: argparse.Namespace) -> dict[str, Any]:
+    if not args.continuous:
+        return {}
+    listen = [w.strip() for w in args.listen.split(",") if w.strip()] if args.listen else None
+    return {
+        "continuous": True,
+        "threshold": args.threshold,
+        "keywords": _keywords(args.keywords),
+        "listen": listen,
+        "refractory_ms": args.refractory_ms,
+    }
+
+
+def _fmt_detection(d: Detection) -> str:
+    return f"{d.end_ms / 1000:8.2f}s  {d.label:<10} {d.score:.3f}  (from {d.start_ms / 1000:.2f}s)"
+
+
 def _fmt(r: SpeechResult) -> str:
     top = ", ".join(f"{t.label}={t.score:.3f}" for t in r.top[:3])
     return f"{r.audio_ms / 1000:7.2f}s  {r.label:<10} {r.score:.3f}  [{top}]"
@@ -68,18 +100,31 @@ async def _speech(args: argparse.Namespace, out: TextIO) -> int:
     live = out.isatty() and not args.json
     async with AsyncSpeechClient(args.url, model=args.model, **_conn_kwargs(args)) as client:
         for name, path in sources:
+            opts = _listening(args)
             if path is None:
                 rate, chunks = microphone_chunks(args.seconds, args.chunk_ms)
-                stream = client.stream(chunks, sample_rate=rate, realtime=False)
+                stream = client.stream(chunks, sample_rate=rate, realtime=False, **opts)
             else:
                 stream = client.stream_file(
                     path,
                     chunk_ms=args.chunk_ms,
                     realtime=args.realtime,
-                    interim_results=not args.final_only,
+                    interim_results=not args.final_only and (live or not args.continuous),
+                    **opts,
                 )
             async for r in stream:
-                if args.json:
+                if isinstance(r, Detection):
+                    if args.json:
+                        out.write(json.dumps({"file": name, **r.to_dict()}) + "\n")
+                    else:
+                        out.write(("\r\033[K" if live else "") + f"{name}: {_fmt_detection(r)}\n")
+                elif args.continuous and r.is_final and not args.json:
+                    n = len(r.detections)
+                    out.write(f"{name}: {n} detection(s) in {r.audio_ms / 1000:.2f}s\n")
+                elif args.continuous and not r.is_final and not args.json:
+                    if live:
+                        out.write(f"\r\033[K{name}: {r.vad or ''} {_fmt(r)}")
+                elif args.json:
                     out.write(json.dumps({"file": name, **r.to_dict()}) + "\n")
                 elif r.is_final:
                     out.write(("\r\033[K" if live else "") + f"{name}: {r.label} {r.score:.3f}\n")
@@ -185,6 +230,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--final-only", action="store_true", help="ask for no partial results")
     s.add_argument("--mic", action="store_true", help="record from the microphone (sounddevice)")
     s.add_argument("--seconds", type=float, default=5.0, help="microphone recording length")
+    s.add_argument(
+        "--continuous", action="store_true", help="keyword spotting: one line per command"
+    )
+    s.add_argument("--threshold", type=float, default=None, help="detection threshold (0, 1]")
+    s.add_argument("--keywords", default=None, help="per-command thresholds: stop=0.8,go=0.6")
+    s.add_argument("--listen", default=None, help="only these commands: stop,go")
+    s.add_argument("--refractory-ms", type=float, default=None, help="quiet time after a hit")
 
     g = sub.add_parser("generate", help="generate text, streamed to the terminal")
     g.add_argument("prompt")

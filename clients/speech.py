@@ -8,6 +8,9 @@ Usage::
 
 One client holds one WebSocket; each ``stream*`` call is one session on it (``start`` ...
 audio ... ``end`` -> ``final``) and sessions run one after another on the same connection.
+With ``continuous=True`` (keyword spotting) the session stays open over many commands: the
+iterator yields a :class:`~clients.types.Detection` per spoken command as well (options:
+``threshold``, ``keywords`` {command: threshold}, ``listen`` [commands], ``refractory_ms``).
 Audio is sent by a task of its own while results are read, so partial results arrive as the
 audio goes out. When the connection drops mid-session and the server gave a resume token, the
 client reconnects, resumes the session and re-sends the audio the server had not received.
@@ -28,7 +31,7 @@ import numpy as np
 from clients._ws import ClientBase, Disconnected, Resumable, WSConnection
 from clients.audio import ENCODINGS, chunk_pcm, read_audio, to_pcm_bytes
 from clients.errors import ConnectionFailed, ProtocolError
-from clients.types import SpeechResult
+from clients.types import Detection, SpeechResult
 
 __all__ = ["AsyncSpeechClient", "SPEECH_PATH"]
 
@@ -154,8 +157,10 @@ class AsyncSpeechClient(ClientBase):
         realtime: bool = False,
         interim_results: bool = True,
         encoding: str = "pcm_s16le",
-    ) -> AsyncIterator[SpeechResult]:
-        """Stream an audio file (its own sample rate); yields partials, then the final."""
+        **listening: Any,
+    ) -> AsyncIterator[SpeechResult | Detection]:
+        """Stream an audio file (its own sample rate); yields partials (and detections in
+        continuous mode), then the final. ``listening``: see :meth:`stream`."""
         clip = read_audio(path)
         chunks = (data for data, _ in chunk_pcm(clip, chunk_ms, encoding))
         async for r in self.stream(
@@ -164,6 +169,7 @@ class AsyncSpeechClient(ClientBase):
             encoding=encoding,
             realtime=realtime,
             interim_results=interim_results,
+            **listening,
         ):
             yield r
 
@@ -171,7 +177,7 @@ class AsyncSpeechClient(ClientBase):
         """Stream a whole file and return only the final result."""
         final = None
         async for r in self.stream_file(path, interim_results=False, **kwargs):
-            if r.is_final:
+            if isinstance(r, SpeechResult) and r.is_final:
                 final = r
         if final is None:
             raise ProtocolError("the server ended the session without a final result")
@@ -185,12 +191,19 @@ class AsyncSpeechClient(ClientBase):
         encoding: str = "pcm_s16le",
         realtime: bool = False,
         interim_results: bool = True,
-    ) -> AsyncIterator[SpeechResult]:
+        continuous: bool = False,
+        threshold: float | None = None,
+        keywords: dict[str, float] | None = None,
+        listen: list[str] | None = None,
+        refractory_ms: float | None = None,
+    ) -> AsyncIterator[SpeechResult | Detection]:
         """Stream PCM chunks (bytes in ``encoding``, or numpy float/int16 arrays).
 
         ``realtime`` paces the upload at the audio's own speed (as a microphone would); else
         chunks go out as fast as the server accepts them. Yields each partial result as it
-        arrives and finally the ``final`` result, then returns.
+        arrives and finally the ``final`` result, then returns. ``continuous`` asks for keyword
+        spotting: a ``Detection`` per spoken command, as it is detected (the other options
+        override the model's operating point; the server refuses unknown commands).
         """
         if encoding not in ENCODINGS:
             raise ValueError(f"unknown encoding {encoding!r}; use one of {sorted(ENCODINGS)}")
@@ -203,6 +216,11 @@ class AsyncSpeechClient(ClientBase):
             "encoding": encoding,
             "interim_results": bool(interim_results),
         }
+        if continuous:
+            start["mode"] = "continuous"
+            opts = {"threshold": threshold, "keywords": keywords, "listen": listen}
+            opts["refractory_ms"] = refractory_ms
+            start.update({k: v for k, v in opts.items() if v is not None})
         if self.model:
             start["model"] = self.model
         await self.connect()
@@ -215,7 +233,7 @@ class AsyncSpeechClient(ClientBase):
                 sender = asyncio.create_task(self._send(upload, realtime, t0))
                 try:
                     async for result in self._receive(upload, sender):
-                        finished = result.is_final
+                        finished = isinstance(result, SpeechResult) and result.is_final
                         yield result
                         if finished:
                             return
@@ -264,7 +282,7 @@ class AsyncSpeechClient(ClientBase):
 
     async def _receive(
         self, upload: _Upload, sender: asyncio.Task[None]
-    ) -> AsyncIterator[SpeechResult]:
+    ) -> AsyncIterator[SpeechResult | Detection]:
         assert self._conn is not None
         while True:
             recv = asyncio.create_task(self._conn.recv())
@@ -291,6 +309,8 @@ class AsyncSpeechClient(ClientBase):
                 upload.delivered_ms = max(upload.delivered_ms, result.audio_ms)
                 upload.ack_ms(result.audio_ms)
                 yield result
+            elif kind == "detection":
+                yield Detection.from_message(msg, self.session_id)
             elif kind in ("going_away", "ready", "ping", "pong", "warning", "info"):
                 continue  # informational; ignored
             else:

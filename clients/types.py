@@ -13,6 +13,7 @@ from typing import Any
 from clients.errors import ProtocolError
 
 __all__ = [
+    "Detection",
     "GenerateResult",
     "ModelInfo",
     "Score",
@@ -51,11 +52,14 @@ class SpeechResult:
     top: list[Score] = field(default_factory=list)
     session_id: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    vad: str | None = None  # continuous mode: "speech" | "silence"
+    detections: list[Detection] = field(default_factory=list)  # continuous final: all of them
 
     @classmethod
     def from_message(cls, msg: dict[str, Any], session_id: str | None = None) -> SpeechResult:
         kind = str(msg.get("type"))
         top = [Score(str(t["label"]), float(t["score"])) for t in msg.get("top") or []]
+        dets = [Detection.from_message(d, session_id) for d in msg.get("detections") or []]
         return cls(
             is_final=kind == "final",
             label=str(_need(msg, "label", kind)),
@@ -64,6 +68,8 @@ class SpeechResult:
             top=top,
             session_id=session_id,
             raw=msg,
+            vad=msg.get("vad"),
+            detections=dets,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -74,6 +80,47 @@ class SpeechResult:
             "score": self.score,
             "audio_ms": self.audio_ms,
             "top": [{"label": t.label, "score": t.score} for t in self.top],
+            **({"vad": self.vad} if self.vad else {}),
+            **({"detections": [d.to_dict() for d in self.detections]} if self.is_final else {}),
+        }
+
+
+@dataclass(frozen=True)
+class Detection:
+    """One spoken command detected in a continuous stream (``"mode": "continuous"``).
+
+    ``start_ms`` / ``end_ms``: where the evidence for it began and when it fired, in
+    milliseconds of the stream; ``index``: its number in the stream (1, 2, ...).
+    """
+
+    label: str
+    score: float
+    start_ms: float
+    end_ms: float
+    index: int = 0
+    session_id: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_message(cls, msg: dict[str, Any], session_id: str | None = None) -> Detection:
+        return cls(
+            label=str(_need(msg, "label", "detection")),
+            score=float(_need(msg, "score", "detection")),
+            start_ms=float(_need(msg, "start_ms", "detection")),
+            end_ms=float(_need(msg, "end_ms", "detection")),
+            index=int(msg.get("index", 0)),
+            session_id=session_id,
+            raw=msg,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": "detection",
+            "index": self.index,
+            "label": self.label,
+            "score": self.score,
+            "start_ms": self.start_ms,
+            "end_ms": self.end_ms,
         }
 
 

@@ -108,6 +108,7 @@ class KeywordSpotter:
         )  # (K,)
         self.k = max(1, int(round(self.config.smooth_ms / self.frame_ms)))
         self.refractory = int(round(self.config.refractory_ms / self.frame_ms))
+        self._quiet = self.quiet()
         self.reset()
 
     def reset(self) -> None:
@@ -121,7 +122,37 @@ class KeywordSpotter:
 
     def push(self, scores: np.ndarray) -> Detection | None:
         """One frame's class scores (C,) (logits) -> a Detection or None."""
-        p = softmax(scores)
+        return self.push_posterior(softmax(scores))
+
+    def quiet(self) -> np.ndarray:
+        """The posterior (C,) of a frame a voice-activity gate skipped: one-hot `_silence_`
+        (all zeros for a model without `_silence_`)."""
+        q = np.zeros(len(self.labels))
+        if SILENCE in self.labels:
+            q[self.labels.index(SILENCE)] = 1.0
+        return q
+
+    def skip(self, n: int) -> None:
+        """`n` skipped frames: exactly `n` calls of `push_posterior(quiet())`, in O(k) at most.
+
+        A quiet frame never fires (command posteriors only fall). Once the ring holds only
+        quiet rows, a further quiet push leaves ring and sum bit-identical (it adds q - q = 0),
+        so the rest of the run only moves the frame counter and the re-arm bookkeeping.
+        """
+        q = self._quiet
+        while n > 0 and not (self.ring == q).all():
+            self.push_posterior(q)
+            n -= 1
+        if n <= 0:
+            return
+        n_seen = min(self.frame + 1, self.k)
+        low = self.sum[self.cmd_idx] / n_seen < self.config.rearm * self.thresholds
+        self.frame += n
+        self.rise = np.where(low, self.frame, self.rise)
+        self.armed |= low
+
+    def push_posterior(self, p: np.ndarray) -> Detection | None:
+        """One frame's posterior (C,) (probabilities) -> a Detection or None."""
         slot = self.frame % self.k
         self.sum += p - self.ring[slot]
         self.ring[slot] = p

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dlr_runtime.listen import Heard
+
 TOP_N = 5  # classes reported in a partial/final's `top`
 
 
@@ -47,12 +49,14 @@ class Scores:
 class Progress:
     consumed: int  # samples (model rate) fed to the state so far
     scores: Scores | None  # after the last completed frame; None when no frame completed
+    heard: Heard | None = None  # continuous mode: detections and gate state of this batch
 
 
 @dataclass(frozen=True)
 class Final:
     consumed: int
     scores: Scores | None
+    heard: Heard | None = None
 
 
 GenEvent = Token | Done | Failed

@@ -115,6 +115,16 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.kws_frames = Counter(
+            "dlr_kws_frames_total",
+            "Frames of continuous streams by the voice-activity gate's decision",
+            ["model", "decision"],  # computed | skipped
+            registry=r,
+        )
+        self.kws_detections = Counter(
+            "dlr_kws_detections_total", "Commands detected in continuous streams", ["model"],
+            registry=r,
+        )  # fmt: skip
         self.rtf = Histogram(
             "dlr_real_time_factor",
             "Compute time / audio duration of a speech batch",

@@ -60,6 +60,21 @@ class SpeechStart(BaseModel):
     encoding: Literal["pcm_s16le", "pcm_f32le"] = "pcm_s16le"
     model: str | None = None
     interim_results: bool = True
+    # continuous mode (keyword spotting); the options need mode "continuous" and default to
+    # the model's operating point (its metadata's "detection"), see server/sessions/listening.py
+    mode: Literal["utterance", "continuous"] = "utterance"
+    threshold: float | None = Field(None, gt=0, le=1)
+    keywords: dict[str, Annotated[float, Field(gt=0, le=1)]] | None = None
+    listen: list[str] | None = Field(None, min_length=1, max_length=64)
+    refractory_ms: float | None = Field(None, ge=0, le=60000)
+    vad: bool = True  # continuous mode: gate the model with the voice-activity detector
+
+    @field_validator("keywords")
+    @classmethod
+    def _few_keywords(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is not None and len(v) > 64:
+            raise ValueError("keywords: at most 64 entries")
+        return v
 
 
 class SpeechEnd(BaseModel):

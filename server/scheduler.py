@@ -43,6 +43,7 @@ from dlr_runtime.engine import (
 from dlr_runtime.engine.cached_prefill import plan_prefill
 from dlr_runtime.engine.prefix_cache import PrefixCache
 from dlr_runtime.engine.token_choice import ChoiceRow
+from dlr_runtime.listen import feed_listening
 
 from .events import Done, Failed, Final, Progress, Token
 from .metrics import Metrics
@@ -272,15 +273,19 @@ class Scheduler:
         """No generation running and no stream with whole frames (or an end) waiting."""
         return not (self._in_batch or self._has_work())
 
-    async def snapshot(self, slot: int, extra_fn) -> bytes:
+    async def snapshot(self, slot: int, extra_fn, engine_extra=None) -> bytes:
         """Snapshot a slot between batches. `extra_fn()` runs on the event loop right before
         the snapshot is queued on the engine thread (no await in between), so it sees exactly
-        the bookkeeping that matches the state: every batch already formed runs first."""
+        the bookkeeping that matches the state: every batch already formed runs first.
+        `engine_extra()` (optional) runs on the engine thread right before the snapshot, for
+        state the engine thread owns (a continuous stream's listener); its dict is merged in."""
         extra = extra_fn()
-        fut = asyncio.get_running_loop().run_in_executor(
-            self._executor, self.engine.snapshot, slot, extra
-        )
-        return await fut
+
+        def job() -> bytes:
+            more = engine_extra() if engine_extra is not None else {}
+            return self.engine.snapshot(slot, {**extra, **more})
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, job)
 
     # ------------------------------------------------------------------ the loop
     def queue_depth(self) -> int:
@@ -432,17 +437,7 @@ class Scheduler:
                 out["decode"].append(sample_row(row, g))
         if b.audio:
             t0 = time.perf_counter()
-            ys = eng.feed_audio([s.slot for s, _ in b.audio], [x for _, x in b.audio])
-            finals = {}
-            ended = [s for (s, _), f in zip(b.audio, b.audio_final, strict=True) if f]
-            if ended:
-                sc = eng.scores([s.slot for s in ended]).float().cpu()  # (E, C)
-                finals = {s.seq: row for s, row in zip(ended, sc, strict=True)}
-            ys = [y.float().cpu() for y in ys]  # (frames_i, C) each
-            last = [
-                finals.get(s.seq, y[-1] if y.shape[0] else None)
-                for (s, _), y in zip(b.audio, ys, strict=True)
-            ]
+            ys, heard, last = self._feed_streams(b)
             tops = top_classes(last)  # softmax + top-k of the batch's rows at once
             dt = time.perf_counter() - t0
             audio_s = sum(x.numel() for _, x in b.audio) / eng.config.sample_rate
@@ -451,12 +446,59 @@ class Scheduler:
             m.audio_seconds.labels(name).inc(audio_s)
             if audio_s > 0:
                 m.rtf.labels(name).observe(dt / audio_s)
-            for y, top in zip(ys, tops, strict=True):
-                bad = not bool(torch.isfinite(y).all()) or isinstance(top, Failed)
+            for y, h, top in zip(ys, heard, tops, strict=True):
+                bad = isinstance(top, Failed) or (
+                    not h.ok if h is not None else not bool(torch.isfinite(y).all())
+                )
                 out["audio"].append(
                     Failed("the model produced non-finite class scores") if bad else top
                 )
+            out["heard"] = heard
         return out
+
+    def _feed_streams(self, b: Batch) -> tuple[list, list, list]:
+        """Feed the batch's audio (engine thread): utterance streams straight into the engine,
+        continuous ones through their listeners (gate + detector, dlr_runtime/listen.py).
+        Returns per stream its score rows (utterance), what it heard (continuous) and the
+        score row for its partial/final."""
+        eng = self.engine
+        n = len(b.audio)
+        ys: list = [None] * n
+        heard: list = [None] * n
+        plain = [k for k, (s, _) in enumerate(b.audio) if s.listener is None]
+        cont = [k for k, (s, _) in enumerate(b.audio) if s.listener is not None]
+        if plain:
+            got = eng.feed_audio(
+                [b.audio[k][0].slot for k in plain], [b.audio[k][1] for k in plain]
+            )
+            for k, y in zip(plain, got, strict=True):
+                ys[k] = y.float().cpu()  # (frames_k, C)
+        if cont:
+            streams = [b.audio[k][0] for k in cont]
+            got = feed_listening(
+                eng, [s.slot for s in streams], [s.listener for s in streams],
+                [b.audio[k][1] for k in cont],
+            )  # fmt: skip
+            for k, h in zip(cont, got, strict=True):
+                heard[k] = h
+            m = self.metrics
+            m.kws_frames.labels(self.name, "computed").inc(sum(h.computed for h in got))
+            m.kws_frames.labels(self.name, "skipped").inc(sum(h.skipped for h in got))
+            m.kws_detections.labels(self.name).inc(sum(len(h.detections) for h in got))
+        finals = {}
+        ended = [b.audio[k][0] for k in plain if b.audio_final[k]]
+        if ended:
+            sc = eng.scores([s.slot for s in ended]).float().cpu()  # (E, C)
+            finals = {s.seq: row for s, row in zip(ended, sc, strict=True)}
+        last = []
+        for k, (s, _) in enumerate(b.audio):
+            if heard[k] is not None:
+                row = heard[k].scores
+                last.append(None if row is None else row.float())
+            else:
+                y = ys[k]
+                last.append(finals.get(s.seq, y[-1] if y.shape[0] else None))
+        return ys, heard, last
 
     @staticmethod
     def _slot_of(item: Any) -> int:
@@ -509,16 +551,17 @@ class Scheduler:
             g.session.last_logits = row
             self._on_token(g, tok)
         rate = self.engine.config.sample_rate or 1
-        for (s, x), final, top in zip(b.audio, b.audio_final, out["audio"], strict=True):
+        heard = out.get("heard") or [None] * len(b.audio)
+        for (s, x), final, top, h in zip(b.audio, b.audio_final, out["audio"], heard, strict=True):
             s.consumed += x.numel()
             if isinstance(top, Failed):
                 self._fail_stream(s, BatchError(top.message))
                 continue
             self.metrics.speech_lag.labels(self.name).observe((s.received - s.consumed) / rate)
             if final:
-                s.events.put_nowait(Final(s.consumed, top))
+                s.events.put_nowait(Final(s.consumed, top, h))
             else:
-                s.events.put_nowait(Progress(s.consumed, top))
+                s.events.put_nowait(Progress(s.consumed, top, h))
 
     def _on_token(self, g: Generation, tok: int) -> None:
         now = time.perf_counter()

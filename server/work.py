@@ -19,6 +19,7 @@ import torch
 from dlr_runtime.engine import IncrementalDecoder, SamplingParams, StopMatcher, sample_token
 from dlr_runtime.engine.cached_prefill import PrefixPlan
 from dlr_runtime.engine.token_choice import ChoiceRow, Chosen, choose_tokens
+from dlr_runtime.listen import Listener
 
 from .events import TOP_N, Failed, GenEvent, Scores, SpeechEvent
 
@@ -71,6 +72,7 @@ class SpeechStream:
     slot: int
     stride: int
     resampler: Any = None  # client rate -> model rate (StreamResampler); None: same rate
+    listener: Listener | None = None  # continuous mode: gate + detector (engine thread only)
     chunks: list[torch.Tensor] = field(default_factory=list)  # waiting samples (model rate)
     buffered: int = 0  # samples waiting
     consumed: int = 0  # samples fed to the model

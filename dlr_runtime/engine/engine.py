@@ -61,6 +61,7 @@ class Engine:
         self.kind = "speech" if self.config.encoder == "audio" else "lm"
         self.pool = StatePool(backend, max_sessions)
         self.prefill_block = prefill_block
+        self.metadata = dict(metadata or {})  # the checkpoint's metadata (labels, operating point)
         self.tokenizer: ByteTokenizer | None = None
         if self.kind == "lm":
             self.tokenizer = ByteTokenizer.from_metadata(metadata, self.config.vocab_size)
@@ -93,6 +94,11 @@ class Engine:
     def close(self, slot: int) -> None:
         """Zero and free a slot."""
         self.pool.free(slot)
+        self._fill[slot] = 0
+
+    def reset(self, slot: int) -> None:
+        """Zero an allocated slot's state (a fresh stream in the same slot)."""
+        self.pool.reset(slot)
         self._fill[slot] = 0
 
     # ------------------------------------------------------------------ language model

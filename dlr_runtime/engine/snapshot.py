@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from ..heads import pool_decay
 from .header_schema import SnapshotHeaderError, parse_header_json, validate_header
 
 MAGIC = b"DLRSTATE"
@@ -214,6 +215,9 @@ def state_bounds(rec: Any) -> dict[str, torch.Tensor]:
         f = _input_bound(rec.head.norm, h) if cfg.prenorm else None
         per = torch.full((h,), STATE_ABS_CAP) if f is None else STATE_SAFETY * f
         out["mean_sum"] = per.double()  # (H,) per counted position
+        decay = pool_decay(cfg)
+        if decay < 1.0:  # exponential window (dlr_runtime/heads.py): count -> 1 / (1 - a)
+            out["mean_count"] = torch.tensor(1.0 / (1.0 - decay), dtype=torch.float64)
     return out
 
 
@@ -235,7 +239,13 @@ def check_state(row: dict[str, torch.Tensor], bounds: dict[str, torch.Tensor] | 
             )
     if "mean_count" in row:
         n = float(row["mean_count"])
-        if n < 0 or n != int(n) or n > 2.0**53:
+        if "mean_count" in cap:  # a decayed weight: 0 <= c <= 1 / (1 - a)
+            top = float(cap["mean_count"]) * (1 + 1e-9)
+            if not 0 <= n <= top:
+                raise StateOutOfRange(
+                    f"state snapshot tensor 'mean_count' is {n:g}, outside [0, {top:g}]"
+                )
+        elif n < 0 or n != int(n) or n > 2.0**53:
             raise StateOutOfRange(f"state snapshot tensor 'mean_count' is {n:g}, not a count")
         if "mean_sum" in cap:
             lim = cap["mean_sum"] * max(n, 1.0)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from dlr_runtime.engine import SnapshotError, StreamResampler
+from dlr_runtime.listen import Heard, Listener
 
 from ..errors import Closed
 from ..events import Failed, Final, Progress, Scores
@@ -29,6 +30,7 @@ from ..protocol import SpeechEnd, SpeechStart
 from ..registry import ModelEntry
 from ..work import SpeechStream
 from ..ws import Conn
+from .listening import detection_message, final_detections, listening_fields, make_listener
 from .store import LiveSession, SessionStore
 
 
@@ -93,6 +95,9 @@ class SpeechSession(LiveSession):
         self.bytes_received = bytes_received
         self.consumed = stream.consumed  # samples fed (from the stream's events)
         self.latest: Scores | None = None  # after the last completed frame
+        lis = stream.listener  # continuous mode: gate state and detections as last reported
+        self.speech = lis.speech if lis is not None else False
+        self.n_detections = lis.n_detections if lis is not None else 0
         self.ended = False  # the client's end arrived
         self.drained = asyncio.Event()  # a batch of this stream was processed (backpressure)
         self.final_sent: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -105,10 +110,13 @@ class SpeechSession(LiveSession):
         cls, store: SessionStore, m: ModelEntry, slot: int, start: SpeechStart
     ) -> SpeechSession:
         """A new session around `slot` (the resampler is built on the engine thread)."""
+        listener = make_listener(start, m.engine)  # ValueError: a bad continuous option
         resampler = await m.scheduler.run_sync(
             StreamResampler, start.sample_rate, m.engine.config.sample_rate
         )
-        return cls(store, m, start, m.scheduler.open_stream(slot, resampler))
+        stream = m.scheduler.open_stream(slot, resampler)
+        stream.listener = listener
+        return cls(store, m, start, stream)
 
     def audio_ms(self) -> float:
         return self.consumed / self.rate * 1000
@@ -119,10 +127,19 @@ class SpeechSession(LiveSession):
     def message(self, kind: str, scores: Scores | None) -> dict:
         msg = result(kind, self.labels, scores, self.audio_ms())
         msg["lag_ms"] = round(self.lag_ms(), 1)
+        lis = self.stream.listener
+        if lis is not None:
+            msg = listening_fields(self.speech, self.n_detections, self.labels, msg)
+            if kind == "final":  # (no batch of this stream runs any more)
+                msg["detections"] = final_detections(lis)
         return msg
 
     def ready(self) -> dict:
-        return {**super().ready(), "labels": self.labels, "sample_rate": self.rate}
+        out = {**super().ready(), "labels": self.labels, "sample_rate": self.rate}
+        lis = self.stream.listener
+        if lis is not None:
+            out.update(mode="continuous", detection=lis.spotter.config.to_dict())
+        return out
 
     def resume_info(self) -> dict:
         return {
@@ -158,18 +175,20 @@ class SpeechSession(LiveSession):
             else:
                 ev = await events.get()
             match ev:
-                case Progress(consumed=consumed, scores=scores):
+                case Progress(consumed=consumed, scores=scores, heard=heard):
                     self.consumed = consumed
                     self.latest = scores or self.latest
                     self.drained.set()
-                    if interim and self.latest is not None:
+                    await self._detections(heard)
+                    if interim and (self.latest is not None or heard is not None):
                         due = True
                         if time.perf_counter() >= last + interval:
                             await self._partial()
                             last, due = time.perf_counter(), False
-                case Final(consumed=consumed, scores=scores):
+                case Final(consumed=consumed, scores=scores, heard=heard):
                     self.consumed = consumed
                     self.latest = scores or self.latest
+                    await self._detections(heard)
                     self.completed = True
                     ok = await asyncio.shield(self.emit(self.message("final", self.latest)))
                     if not ok:  # its final waits for a resume: keep it through a crash too
@@ -182,6 +201,15 @@ class SpeechSession(LiveSession):
                     self.drained.set()
                     await self.fail(self.conn, "internal_error", message)
                     return
+
+    async def _detections(self, heard: Heard | None) -> None:
+        """One `detection` message per command detected in this batch, at once (not throttled)."""
+        if heard is None:
+            return
+        self.speech, self.n_detections = heard.speech, heard.total
+        first = heard.total - len(heard.detections) + 1
+        for i, det in enumerate(heard.detections):
+            await asyncio.shield(self.emit(detection_message(det, first + i)))
 
     async def _partial(self) -> None:  # (shielded: a numbered message is never half-sent)
         await asyncio.shield(self.emit(self.message("partial", self.latest)))
@@ -294,8 +322,11 @@ class SpeechSession(LiveSession):
                 "resampler": s.resampler.state_dict(),
             }
 
+        def listener() -> dict:  # on the engine thread, after every batch already formed
+            return {} if s.listener is None else {"listener": s.listener.snapshot()}
+
         async with self.audio_lock:  # no chunk half-way through the resampler
-            return await self.snapshot(s.slot, fields, persist)
+            return await self.snapshot(s.slot, fields, persist, listener)
 
     @classmethod
     async def from_extra(
@@ -313,6 +344,11 @@ class SpeechSession(LiveSession):
             raise ValueError("negative stream position")
         stream = m.scheduler.open_stream(slot, resampler)
         stream.consumed = stream.received = consumed
+        if start.mode == "continuous":
+            cfg = m.engine.config
+            stream.listener = Listener.restore(
+                extra["listener"], list(cfg.labels), cfg.frame_stride, cfg.sample_rate
+            )
         sess = cls(store, m, start, stream, nbytes, **kw)
         m.scheduler.queue_audio(stream, buffered)
         return sess

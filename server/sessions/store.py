@@ -196,8 +196,9 @@ class LiveSession:
             "completed": self.completed,
         }
 
-    async def snapshot(self, slot: int, fields, persist: bool) -> bytes:
-        """The slot's state with `fields()` (plus identity and replay buffer when `persist`)."""
+    async def snapshot(self, slot: int, fields, persist: bool, engine_fields=None) -> bytes:
+        """The slot's state with `fields()` (plus identity and replay buffer when `persist`);
+        `engine_fields()` runs on the engine thread (see `Scheduler.snapshot`)."""
 
         def extra() -> dict:
             out = fields()
@@ -205,7 +206,7 @@ class LiveSession:
                 out.update(self.persist_fields())
             return out
 
-        return await self.m.scheduler.snapshot(slot, extra)
+        return await self.m.scheduler.snapshot(slot, extra, engine_fields)
 
     @property
     def settings(self) -> Settings:

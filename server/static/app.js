@@ -1,5 +1,6 @@
-// dlr-serve demo page: live microphone classification over WS /v1/speech/stream and streamed
-// text generation over POST /v1/generate (Server-Sent Events). Plain browser JavaScript, no
+// dlr-serve demo page: live microphone keyword spotting (continuous mode: one detection per
+// spoken command, with the voice-activity state) or classification (utterance mode) over
+// WS /v1/speech/stream, and streamed text generation over POST /v1/generate (Server-Sent Events). Plain browser JavaScript, no
 // build step and no external resources.
 "use strict";
 
@@ -106,11 +107,61 @@ function wsUrl(path) {
   return `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}${path}`;
 }
 
+// ------------------------------------------------------------------ continuous mode
+const kws = { detections: [], thresholdSet: false, timelineS: 30 };
+
+function setVad(state) {
+  const text = { off: "microphone off", listening: "listening", speech: "hearing speech", silence: "silence" };
+  $("vad-state").dataset.state = state;
+  $("vad-state").textContent = text[state] || state;
+}
+
+function clearDetections() {
+  kws.detections = [];
+  $("detections").replaceChildren();
+  $("timeline").replaceChildren();
+  $("det-count").textContent = "0";
+}
+
+function addDetection(d) {
+  if (kws.detections.some((k) => k.index === d.index)) return; // (a replay after a resume)
+  kws.detections.push(d);
+  const li = document.createElement("li");
+  li.dataset.label = d.label;
+  li.dataset.endMs = d.end_ms;
+  li.innerHTML = '<span class="label"></span><span class="time"></span> <span class="muted score"></span>';
+  li.querySelector(".label").textContent = d.label;
+  li.querySelector(".time").textContent = `${(d.end_ms / 1000).toFixed(2)} s`;
+  li.querySelector(".score").textContent = `score ${Number(d.score).toFixed(3)}`;
+  $("detections").append(li);
+  li.scrollIntoView({ block: "nearest" });
+  $("det-count").textContent = String(kws.detections.length);
+  drawTimeline(d.end_ms);
+}
+
+function drawTimeline(nowMs) {
+  const span = Math.min(kws.timelineS * 1000, Math.max(10000, nowMs + 1000));
+  const from = Math.max(0, nowMs - span);
+  $("timeline").replaceChildren(
+    ...kws.detections
+      .filter((d) => d.end_ms >= from)
+      .map((d) => {
+        const m = document.createElement("span");
+        m.className = "mark";
+        m.style.left = `${(100 * (d.end_ms - from)) / span}%`;
+        m.textContent = d.label;
+        m.title = `${d.label} at ${(d.end_ms / 1000).toFixed(2)} s (${Number(d.score).toFixed(3)})`;
+        return m;
+      }),
+  );
+}
+
 function showResult(msg) {
   $("label").textContent = msg.label;
   $("label-score").textContent = typeof msg.score === "number" ? msg.score.toFixed(3) : "";
   const labels = barLabels.length ? barLabels : (msg.top || []).map((t) => t.label);
   drawBars(labels, msg.top || [{ label: msg.label, score: msg.score }]);
+  if (msg.vad) setVad(msg.vad);
   const secs = ((msg.audio_ms || 0) / 1000).toFixed(1);
   $("speech-status").textContent = `${msg.type} at ${secs} s of audio (sending at ${mic.ctx ? mic.ctx.sampleRate : "?"} Hz)`;
 }
@@ -118,6 +169,7 @@ function showResult(msg) {
 async function startMic() {
   $("mic-start").disabled = true;
   $("final-label").textContent = "–";
+  clearDetections();
   try {
     mic.stream = await navigator.mediaDevices.getUserMedia({
       audio: { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false },
@@ -152,6 +204,10 @@ function openSpeechSocket(rate) {
   ws.onopen = () => {
     const start = { type: "start", sample_rate: rate, encoding: "pcm_s16le", interim_results: true };
     if ($("speech-model").value) start.model = $("speech-model").value;
+    if ($("speech-mode").value === "continuous") {
+      start.mode = "continuous";
+      if (kws.thresholdSet) start.threshold = Number($("threshold").value);
+    }
     ws.send(JSON.stringify(start));
   };
   ws.onmessage = (e) => {
@@ -166,11 +222,21 @@ function openSpeechSocket(rate) {
       mic.ready = true;
       if (msg.labels && msg.labels.length) drawBars(msg.labels, []);
       $("speech-status").textContent = `Listening at ${rate} Hz (session ${msg.session_id || "?"})`;
+      if (msg.mode === "continuous") {
+        setVad("listening");
+        if (!kws.thresholdSet && msg.detection) {
+          $("threshold").value = msg.detection.threshold;
+          $("threshold-value").textContent = `${Number(msg.detection.threshold).toFixed(2)} (model)`;
+        }
+      }
+    } else if (msg.type === "detection") {
+      addDetection(msg);
     } else if (msg.type === "partial") {
       showResult(msg);
     } else if (msg.type === "final") {
       showResult(msg);
       $("final-label").textContent = `${msg.label} (${Number(msg.score).toFixed(3)})`;
+      for (const d of msg.detections || []) addDetection(d);
       if (mic.stopping) ws.close(1000);
     } else if (msg.type === "error") {
       report(`speech: [${msg.code}] ${msg.message}`);
@@ -207,6 +273,7 @@ async function teardownMic() {
   if (mic.stream) mic.stream.getTracks().forEach((t) => t.stop());
   if (mic.ctx) await mic.ctx.close().catch(() => {});
   Object.assign(mic, { ctx: null, stream: null, node: null, ws: null, ready: false, stopping: false });
+  setVad("off");
   $("mic-start").disabled = false;
   $("mic-stop").disabled = true;
 }
@@ -299,6 +366,10 @@ async function generate(ev) {
 // ------------------------------------------------------------------ wiring
 $("mic-start").addEventListener("click", startMic);
 $("mic-stop").addEventListener("click", stopMic);
+$("threshold").addEventListener("input", () => {
+  kws.thresholdSet = true;
+  $("threshold-value").textContent = `${Number($("threshold").value).toFixed(2)}${mic.ws ? " (next start)" : ""}`;
+});
 $("gen-form").addEventListener("submit", generate);
 $("gen-stop").addEventListener("click", () => genAbort && genAbort.abort());
 window.addEventListener("error", (e) => report(`page: ${e.message}`));

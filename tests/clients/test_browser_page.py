@@ -101,6 +101,7 @@ def test_page_classifies_microphone_and_streams_text(browser, page_server, loope
     page.goto(server.url + "/")
     page.wait_for_function("document.querySelectorAll('#speech-model option').length > 0")
     page.select_option("#speech-model", model)
+    page.select_option("#speech-mode", "utterance")  # one label per stream (test_browser_kws.py)
 
     # --- microphone -> live partials -> stop -> final
     page.click("#mic-start")
@@ -184,8 +185,9 @@ def test_page_with_api_keys(browser, server_factory, models_dir):
     page.dispatch_event("#api-key", "change")
     page.wait_for_function("document.querySelectorAll('#speech-model option').length > 0")
     page.click("#mic-start")  # WebSocket with the key as subprotocol
-    page.wait_for_function(
-        "/Listening at \\d+ Hz/.test(document.getElementById('speech-status').textContent)",
+    page.wait_for_function(  # ready, or already a partial (continuous mode sends them at once)
+        "/Listening at \\d+ Hz/.test(document.getElementById('speech-status').textContent)"
+        " || /at [0-9.]+ s of audio/.test(document.getElementById('speech-status').textContent)",
         timeout=20000,
     )
     page.click("#mic-stop")

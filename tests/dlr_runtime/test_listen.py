@@ -1,0 +1,236 @@
+"""Continuous listening (dlr_runtime.listen + vad): the gate's state rule is exact.
+
+- `KeywordSpotter.skip(n)` is bit-identical to n pushes of the quiet posterior;
+- a gated stream computes each open segment exactly as a fresh ungated stream of that
+  segment's audio (pre-roll included): float64 / complex128 rows to 1e-10 against the plain
+  recurrent chunk from a zero state, and the detections equal a plain loop of the detector over
+  (quiet posterior for skipped frames, reference rows for computed ones);
+- decisions, detections and the listener's snapshot do not depend on the chunking;
+- the gate disabled == the ungated model on the whole stream; snapshot/restore mid-stream
+  continues exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dlr_runtime import DLRConfig, DLRModel, to_recurrent
+from dlr_runtime.backends import make_backend
+from dlr_runtime.engine import Engine
+from dlr_runtime.kws import KeywordSpotter, KWSConfig, detect
+from dlr_runtime.listen import Listener, feed_listening
+from dlr_runtime.vad import Gate, GateConfig
+
+LABELS = ["yes", "no", "stop", "_silence_", "_unknown_"]
+RATE, STRIDE = 16000, 160
+F64_TOL = 1e-10
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = DLRConfig(
+        d_model=8, d_state=6, n_layers=2, encoder="audio", decoder="classifier", labels=LABELS,
+        frame_stride=STRIDE, frontend="logmel", n_mels=10, pool_window_s=0.5, dt_min=0.01,
+        dt_max=0.5, sample_rate=RATE,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    m = DLRModel(cfg, seed=3)
+    with torch.no_grad():  # sharper scores so that commands fire at moderate thresholds
+        m.head.proj.weight.mul_(6.0)
+    return to_recurrent(m, dtype=torch.complex128)
+
+
+def make_engine(rec) -> Engine:
+    return Engine(make_backend(rec, "torch"), "tiny", 4)
+
+
+def voice(seconds: float, f0: float) -> np.ndarray:
+    t = np.arange(int(RATE * seconds)) / RATE
+    return (0.3 * ((t * f0) % 1 - 0.5)).astype(np.float32)
+
+
+def quiet(seconds: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (1e-4 * rng.standard_normal(int(RATE * seconds))).astype(np.float32)
+
+
+def stream() -> np.ndarray:
+    parts = [quiet(1.0, 1), voice(0.5, 140), quiet(1.5, 2), voice(0.4, 220), quiet(0.3, 3)]
+    parts += [voice(0.3, 180), quiet(1.2, 4)]
+    return np.concatenate(parts)
+
+
+class Recorder:
+    """The real engine, keeping each stream's computed rows and resets (for the reference)."""
+
+    def __init__(self, eng: Engine) -> None:
+        self.eng, self.log, self.config = eng, [], eng.config
+
+    def reset(self, slot: int) -> None:
+        self.log.append(("reset", slot, None, None))
+        self.eng.reset(slot)
+
+    def feed_audio(self, slots, chunks):
+        ys = self.eng.feed_audio(slots, chunks)
+        for s, x, y in zip(slots, chunks, ys, strict=True):
+            self.log.append(("feed", s, x.numpy().copy(), y.clone()))
+        return ys
+
+
+def listen(eng, x: np.ndarray, chunk_frames: int, kws: KWSConfig, gate: GateConfig | None = None):
+    rec_eng = Recorder(eng)
+    slot = eng.open()
+    lis = Listener(LABELS, STRIDE, RATE, kws, gate)
+    step = chunk_frames * STRIDE
+    heard = []
+    for i in range(0, x.size, step):
+        heard += feed_listening(rec_eng, [slot], [lis], [torch.from_numpy(x[i : i + step])])
+    eng.close(slot)
+    return lis, heard, rec_eng.log
+
+
+def same(a, b) -> bool:
+    """Equal detections (scores to float64 rounding)."""
+    key = [(d.label, d.start_ms, d.end_ms, d.frame) for d in a]
+    return key == [(d.label, d.start_ms, d.end_ms, d.frame) for d in b] and all(
+        abs(x.score - y.score) < 1e-9 for x, y in zip(a, b, strict=True)
+    )
+
+
+def kws_config() -> KWSConfig:
+    return KWSConfig(threshold=0.45, smooth_ms=50, refractory_ms=300)
+
+
+def test_skip_equals_quiet_pushes():
+    rng = np.random.default_rng(0)
+    cfg = KWSConfig(threshold=0.4, smooth_ms=60, refractory_ms=100)
+    a, b = KeywordSpotter(LABELS, 10, cfg), KeywordSpotter(LABELS, 10, cfg)
+    for n in (0, 1, 3, 6, 50, 1):
+        for _ in range(int(rng.integers(1, 30))):
+            row = 4 * rng.standard_normal(len(LABELS))
+            assert a.push(row) == b.push(row)
+        a.skip(n)
+        for _ in range(n):
+            assert b.push_posterior(b.quiet()) is None
+        assert a.snapshot() == b.snapshot()
+
+
+def test_gate_state_rule_is_exact(model):
+    """Each open segment == a fresh ungated stream of its audio; detections == plain loop."""
+    eng = make_engine(model)
+    x = stream()
+    lis, heard, log = listen(eng, x, 7, kws_config())
+    assert sum(h.skipped for h in heard) > 250  # most of the 4 s of quiet is not computed
+    assert sum(h.computed for h in heard) < 0.6 * (x.size // STRIDE)
+    # reference: every feed after a reset starts a fresh state; plain chunk from zero
+    state, n_resets = None, 0
+    for kind, _, samples, y in log:
+        if kind == "reset":
+            state, n_resets = model.init_state(1), n_resets + 1
+            continue
+        ref, state = model.chunk(torch.from_numpy(samples).double().unsqueeze(0), state)
+        assert torch.allclose(y.double(), ref[0], atol=F64_TOL, rtol=0), "segment row mismatch"
+    assert n_resets == 2  # the 0.3 s gap is inside the 0.4 s hangover: segments 2 and 3 merge
+    # the detector over (quiet for skipped, computed rows without pre-roll) in a plain loop
+    gate = Gate(STRIDE, RATE)
+    spot = KeywordSpotter(LABELS, 10.0, kws_config())
+    dets = []
+    feeds = iter([e for e in log if e[0] == "feed"])
+    for i in range(0, x.size, 7 * STRIDE):
+        for run in gate.plan(x[i : i + 7 * STRIDE]):
+            if not run.feed:
+                for _ in range(run.frames):
+                    assert spot.push_posterior(spot.quiet()) is None
+                continue
+            got = []  # the run's rows, fed in power-of-two pieces
+            while sum(y.shape[0] for y in got) < run.lead + run.frames:
+                got.append(next(feeds)[3])
+            rows = torch.cat(got)[run.lead :]
+            dets += [d for d in map(spot.push, rows.numpy()) if d is not None]
+    assert dets == lis.detections
+    assert dets, "the test model should fire at this threshold"
+    assert lis.spotter.snapshot() == spot.snapshot()
+
+
+def test_chunking_does_not_change_anything(model):
+    eng = make_engine(model)
+    x = stream()
+    runs = [listen(eng, x, n, kws_config())[0] for n in (1, 2, 10, 64, 1000)]
+    first = runs[0]
+    for lis in runs[1:]:
+        assert same(lis.detections, first.detections)
+        assert lis.gate.snapshot() == first.gate.snapshot()
+
+
+def test_gate_disabled_equals_ungated_stream(model):
+    eng = make_engine(model)
+    x = stream()
+    lis, heard, _ = listen(eng, x, 16, kws_config(), GateConfig(enabled=False))
+    assert sum(h.skipped for h in heard) == 0
+    ref, _ = model.chunk(torch.from_numpy(x).double().unsqueeze(0), model.init_state(1))
+    assert same(lis.detections, detect(ref[0].numpy(), LABELS, 10.0, kws_config()))
+
+
+def test_snapshot_restore_mid_stream_continues_exactly(model):
+    eng = make_engine(model)
+    x = stream()
+    whole, _, _ = listen(eng, x, 8, kws_config())
+    slot = eng.open()
+    lis = Listener(LABELS, STRIDE, RATE, kws_config())
+    cut = 175 * STRIDE  # inside the first voiced segment's hangover
+    feed_listening(eng, [slot], [lis], [torch.from_numpy(x[:cut])])
+    blob, snap = eng.snapshot(slot), lis.snapshot()
+    eng.close(slot)
+    slot2 = eng.open()
+    eng.restore(slot2, blob)
+    back = Listener.restore(snap, LABELS, STRIDE, RATE)
+    for i in range(cut, x.size, 8 * STRIDE):
+        feed_listening(eng, [slot2], [back], [torch.from_numpy(x[i : i + 8 * STRIDE])])
+    assert same(back.detections, whole.detections)
+    assert back.n_detections == whole.n_detections
+
+
+def test_batched_streams_equal_solo(model):
+    eng = make_engine(model)
+    xs = [stream(), np.concatenate([quiet(0.7, 9), stream()])[: stream().size]]
+    solo = [listen(eng, x, 5, kws_config())[0].detections for x in xs]
+    slots = [eng.open() for _ in xs]
+    lis = [Listener(LABELS, STRIDE, RATE, kws_config()) for _ in xs]
+    for i in range(0, xs[0].size, 5 * STRIDE):
+        feed_listening(eng, slots, lis, [torch.from_numpy(x[i : i + 5 * STRIDE]) for x in xs])
+    for s, ref in zip(lis, solo, strict=True):
+        assert same(s.detections, ref) and ref
+
+
+def test_gate_skips_steady_noise_and_passes_voice_over_it():
+    rng = np.random.default_rng(5)
+    noise = (0.01 * rng.standard_normal(RATE * 6)).astype(np.float32)  # -40 dBFS white
+    x = noise.copy()
+    x[RATE * 4 : RATE * 4 + 8000] += voice(0.5, 150)
+    gate = Gate(STRIDE, RATE)
+    decided = []
+    for i in range(0, x.size, 10 * STRIDE):
+        for run in gate.plan(x[i : i + 10 * STRIDE]):
+            decided += [run.feed] * run.frames
+    decided = np.array(decided)
+    assert not decided[:400].any()  # 4 s of steady noise: never computed
+    assert decided[400:450].all()  # the voice over the noise opens the gate
+    assert not decided[500:].any()  # closed again after the hangover
+
+
+def test_gate_snapshot_round_trip_mid_noise():
+    rng = np.random.default_rng(6)
+    x = (0.01 * rng.standard_normal(RATE * 3)).astype(np.float32)
+    x[RATE : RATE + 4800] += voice(0.3, 200)
+    a, cut = Gate(STRIDE, RATE), 130 * STRIDE
+    whole = [(r.feed, r.frames, r.reset, r.lead) for r in a.plan(x)]
+    b = Gate(STRIDE, RATE)
+    first = [(r.feed, r.frames, r.reset, r.lead) for r in b.plan(x[:cut])]
+    c = Gate(STRIDE, RATE)
+    c.restore(b.snapshot())
+    rest = [(r.feed, r.frames, r.reset, r.lead) for r in c.plan(x[cut:])]
+    frames = lambda runs: [f for feed, n, _, _ in runs for f in [feed] * n]  # noqa: E731
+    assert frames(first + rest) == frames(whole)
+    assert c.snapshot() == a.snapshot()

@@ -1,0 +1,305 @@
+"""Continuous mode of `WS /v1/speech/stream` over a real uvicorn server (`websockets` client).
+
+A tiny random SC12-style model (log-mel front end, exponential-window head, a "detection"
+operating point in its metadata) and voiced test signals (sawtooth "words" of different pitch
+between quiet gaps): which command fires is the random model's, so these tests check the
+protocol's properties against the runtime itself, not recognition (the shipped-model tests
+do that): detections equal the offline rule on the same audio, the chunking does not matter,
+thresholds and subsets change what fires, a resumed stream loses and repeats nothing, export
+and import continue, bad options are refused with 1008, utterance mode is unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import numpy as np
+import pytest
+import torch
+import websockets
+
+from dlr_runtime import load_recurrent
+from dlr_runtime.backends import make_backend
+from dlr_runtime.engine import Engine
+from dlr_runtime.kws import KWSConfig
+from dlr_runtime.listen import Listener, feed_listening
+from tests.kws_audio import DETECTION, LABELS, NAME, RATE, words, write_kws_model
+from tests.server.conftest import LiveServer, make_settings
+from tests.server.waits import eventually
+from tests.server.wshelp import SPEECH, drop, recv_json, resume, s16, send_json, speech_start
+
+
+@pytest.fixture(scope="module")
+def kws_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kws-models")
+    write_kws_model(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def srv(kws_dir):
+    with LiveServer(make_settings(kws_dir, resume_grace_s=20.0, max_chunk_frames=64)) as s:
+        yield s
+
+
+def offline(kws_dir, x: np.ndarray, **opts) -> list[tuple[str, float]]:
+    """The runtime's detections of the same audio (no server): (label, end_ms)."""
+    rec = load_recurrent(kws_dir / NAME)
+    eng = Engine(make_backend(rec, "torch"), NAME, 1)
+    cfg = KWSConfig.from_dict({**DETECTION, **opts})
+    lis, slot = Listener(LABELS, 160, RATE, cfg), eng.open()
+    q = np.round(np.clip(x, -1, 1) * 32767) / 32768  # what the server decodes from pcm_s16le
+    x16 = (np.clip(x, -1, 1) * 32767).astype("<i2").astype(np.float32) / 32768.0
+    assert np.abs(q - x16).max() < 1e-4
+    feed_listening(eng, [slot], [lis], [torch.from_numpy(x16)])
+    return [(d.label, d.end_ms) for d in lis.detections]
+
+
+async def stream(url: str, data: bytes, chunk: int, **start) -> tuple[list[dict], dict]:
+    """Send `data` in `chunk`-byte messages, end; returns (every message, the final)."""
+    ws, ready = await speech_start(url, mode="continuous", **start)
+    assert ready["mode"] == "continuous"
+    seen: list[dict] = []
+
+    async def reader():
+        while True:
+            m = await recv_json(ws)
+            seen.append(m)
+            if m["type"] in ("final", "error"):
+                return m
+
+    task = asyncio.create_task(reader())
+    for i in range(0, len(data), chunk):
+        await ws.send(data[i : i + chunk])
+    await send_json(ws, {"type": "end"})
+    final = await asyncio.wait_for(task, 60)
+    await ws.close()
+    return seen, final
+
+
+def dets(seen: list[dict]) -> list[tuple[str, float]]:
+    return [(m["label"], m["end_ms"]) for m in seen if m["type"] == "detection"]
+
+
+def test_detections_match_runtime_and_chunking_does_not_matter(srv, kws_dir):
+    x = words()
+    data = s16(x)
+    want = offline(kws_dir, x)
+    assert len(want) >= 2, "the test model should fire on several words"
+    runs = {}
+    for ms in (20, 100, 1000):
+        seen, final = asyncio.run(stream(srv.ws, data, 32 * ms, interim_results=True))
+        assert final["type"] == "final", final
+        got = dets(seen)
+        assert got == want, (ms, got, want)
+        # detections are numbered messages, in order, with sane times, listed by the final
+        d = [m for m in seen if m["type"] == "detection"]
+        assert [m["index"] for m in d] == list(range(1, len(d) + 1))
+        seqs = [m["seq"] for m in seen]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+        for m in d:
+            assert 0 <= m["start_ms"] <= m["end_ms"] <= len(x) / RATE * 1000
+            assert DETECTION["threshold"] <= m["score"] <= 1
+        assert [(m["label"], m["end_ms"]) for m in final["detections"]] == want
+        partials = [m for m in seen if m["type"] == "partial"]
+        assert partials and {m["vad"] for m in partials} == {"speech", "silence"}
+        assert all(m["label"] == "_silence_" for m in partials if m["vad"] == "silence")
+        runs[ms] = got
+    assert runs[20] == runs[100] == runs[1000]
+    metrics = httpx.get(srv.http + "/metrics", timeout=10).text
+    for line in ('decision="computed"', 'decision="skipped"', "dlr_kws_detections_total{"):
+        assert line in metrics
+
+
+def test_thresholds_and_subsets_change_what_fires(srv, kws_dir):
+    data = s16(words())
+    base = dets(asyncio.run(stream(srv.ws, data, 3200))[0])
+    labels = [lab for lab, _ in base]
+    high = dets(asyncio.run(stream(srv.ws, data, 3200, threshold=0.99))[0])
+    assert len(high) < len(base)
+    first = labels[0]
+    only = dets(asyncio.run(stream(srv.ws, data, 3200, listen=[first]))[0])
+    assert only and {lab for lab, _ in only} == {first}
+    assert only == offline(kws_dir, words(), listen=[first])
+    strict = dets(asyncio.run(stream(srv.ws, data, 3200, keywords={first: 0.999}))[0])
+    assert first not in {lab for lab, _ in strict} or len(strict) < len(base)
+    assert strict == offline(kws_dir, words(), keywords={first: 0.999})
+    slow = dets(asyncio.run(stream(srv.ws, data, 3200, refractory_ms=60000))[0])
+    assert len(slow) == 1
+
+
+def test_no_gate_computes_every_frame_and_still_matches(srv, kws_dir):
+    data = s16(words())
+    seen, final = asyncio.run(stream(srv.ws, data, 3200, vad=False))
+    assert all(m["vad"] == "speech" for m in seen if m["type"] == "partial")
+    assert final["type"] == "final"
+
+
+@pytest.mark.parametrize(
+    "opts,needle",
+    [
+        ({"mode": "continuous", "keywords": {"banana": 0.5}}, "banana"),
+        ({"mode": "continuous", "listen": ["yes", "_silence_"]}, "_silence_"),
+        ({"mode": "continuous", "threshold": 1.5}, "threshold"),
+        ({"mode": "continuous", "refractory_ms": -1}, "refractory_ms"),
+        ({"threshold": 0.5}, "continuous"),
+        ({"mode": "sometimes"}, "mode"),
+        ({"mode": "continuous", "keywords": {"yes": 0}}, "keywords"),
+    ],
+)
+def test_bad_options_error_and_close_1008(srv, opts, needle):
+    async def main():
+        ws = await websockets.connect(srv.ws + SPEECH)
+        await send_json(ws, {"type": "start", "sample_rate": RATE, **opts})
+        msg = await recv_json(ws)
+        assert msg["type"] == "error" and msg["code"] == "invalid_message", msg
+        assert needle in msg["message"], msg
+        with pytest.raises(websockets.ConnectionClosed) as e:
+            await recv_json(ws)
+        assert e.value.rcvd.code == 1008
+
+    asyncio.run(main())
+    assert srv.app.state.dlr.models[NAME].engine.pool.in_use == 0  # nothing left behind
+
+
+def test_resume_mid_stream_loses_and_repeats_nothing(srv):
+    data = s16(words())
+    want = dets(asyncio.run(stream(srv.ws, data, 3200))[0])
+
+    async def main():
+        ws, ready = await speech_start(srv.ws, mode="continuous")
+        cut = len(data) // 2 // 3200 * 3200
+        for i in range(0, cut, 3200):
+            await ws.send(data[i : i + 3200])
+        seen = []
+        while not any(m["type"] == "detection" for m in seen):  # at least one before the drop
+            seen.append(await recv_json(ws))
+        drop(ws)
+        sess = srv.app.state.sessions.live[ready["session_id"]]
+        await eventually(lambda: sess.detached_since is not None)
+        ws2, again = await resume(srv.ws, SPEECH, ready, last_seq=seen[-1]["seq"])
+        for i in range(again["bytes_received"], len(data), 3200):
+            await ws2.send(data[i : i + 3200])
+        await send_json(ws2, {"type": "end"})
+        while seen[-1]["type"] != "final":
+            seen.append(await recv_json(ws2))
+        await ws2.close()
+        return seen
+
+    seen = asyncio.run(main())
+    assert dets(seen) == want
+    seqs = [m["seq"] for m in seen]
+    assert seqs == list(range(1, len(seqs) + 1))  # nothing lost, nothing twice
+    assert [m["index"] for m in seen if m["type"] == "detection"] == list(range(1, len(want) + 1))
+
+
+def test_export_import_continues_detections(srv):
+    """Export mid-stream, import as a new session, finish there: the detections before and
+    after the export are the uninterrupted stream's, numbered on without a repeat."""
+    data = s16(words())
+    want = dets(asyncio.run(stream(srv.ws, data, 3200))[0])
+
+    async def main():
+        ws, ready = await speech_start(srv.ws, mode="continuous", interim_results=False)
+        cut = len(data) // 2 // 3200 * 3200
+        for i in range(0, cut, 3200):
+            await ws.send(data[i : i + 3200])
+        sess = srv.app.state.sessions.live[ready["session_id"]]
+        sched = srv.app.state.dlr.models[NAME].scheduler
+        await eventually(lambda: sess.consumed >= cut // 2 - 160 and sched.idle())
+        await eventually(lambda: sess.n_detections == sess.stream.listener.n_detections)
+        async with httpx.AsyncClient() as http:
+            r = await http.get(
+                f"{srv.http}/v1/sessions/{ready['session_id']}/state",
+                headers={"X-Resume-Token": ready["resume_token"]},
+            )
+            assert r.status_code == 200, r.text
+            moved = await http.post(f"{srv.http}/v1/sessions", content=r.content)
+            assert moved.status_code == 201, moved.text
+            moved = moved.json()
+        before = []
+        await ws.close()
+        with pytest.raises(websockets.ConnectionClosed):
+            while True:
+                before.append(await recv_json(ws, timeout=5))
+        ws2, again = await resume(srv.ws, SPEECH, moved, last_seq=0)
+        assert again["bytes_received"] == cut
+        for i in range(cut, len(data), 3200):
+            await ws2.send(data[i : i + 3200])
+        await send_json(ws2, {"type": "end"})
+        after = []
+        while not after or after[-1]["type"] != "final":
+            after.append(await recv_json(ws2))
+        await ws2.close()
+        return before, after
+
+    before, after = asyncio.run(main())
+    got = [m for m in before + after if m["type"] == "detection"]
+    assert [(m["label"], m["end_ms"]) for m in got] == want
+    assert [m["index"] for m in got] == list(range(1, len(want) + 1))
+    assert dets(before) and dets(after)  # the cut falls between detections
+    assert [(m["label"], m["end_ms"]) for m in after[-1]["detections"]] == want
+
+
+def test_utterance_mode_is_unchanged(srv):
+    async def main():
+        ws, ready = await speech_start(srv.ws)
+        assert "mode" not in ready
+        await ws.send(s16(words()[:16000]))
+        await send_json(ws, {"type": "end"})
+        while (m := await recv_json(ws))["type"] != "final":
+            assert m["type"] == "partial" and "vad" not in m
+        assert "detections" not in m and m["label"] in LABELS
+        await ws.close()
+
+    asyncio.run(main())
+
+
+def test_drain_persists_and_a_restarted_server_continues(kws_dir, tmp_path):
+    """Drain (the SIGTERM path) mid-stream with state_dir, restart on it, resume: the
+    detections before and after equal the uninterrupted stream's, seq without a gap."""
+    data = s16(words())
+    settings = make_settings(kws_dir, state_dir=tmp_path / "state", resume_grace_s=30)
+    a = LiveServer(settings).start()
+    seen: list[dict] = []
+
+    async def first():
+        ws, ready = await speech_start(a.ws, mode="continuous")
+        cut = len(data) // 2 // 3200 * 3200
+        for i in range(0, cut, 3200):
+            await ws.send(data[i : i + 3200])
+        seen.append(await recv_json(ws))
+        stopping = asyncio.create_task(asyncio.to_thread(a.stop))  # drains: persisted
+        with pytest.raises(websockets.ConnectionClosed):
+            while True:
+                seen.append(await recv_json(ws, timeout=30))
+        await stopping
+        return ready
+
+    try:
+        want = dets(asyncio.run(stream(a.ws, data, 3200))[0])
+        ready = asyncio.run(first())
+    finally:
+        a.stop()
+    assert seen[-1]["type"] == "going_away" and seen[-1]["resume"] is True
+    assert list((tmp_path / "state").glob("*.state"))
+    b = LiveServer(settings).start()
+
+    async def second():
+        last = max(m.get("seq", 0) for m in seen)
+        ws2, again = await resume(b.ws, SPEECH, ready, last_seq=last)
+        for i in range(again["bytes_received"], len(data), 3200):
+            await ws2.send(data[i : i + 3200])
+        await send_json(ws2, {"type": "end"})
+        while seen[-1]["type"] != "final":
+            seen.append(await recv_json(ws2))
+        await ws2.close()
+
+    try:
+        asyncio.run(second())
+    finally:
+        b.stop()
+    numbered = [m for m in seen if "seq" in m]
+    assert [m["seq"] for m in numbered] == list(range(1, len(numbered) + 1))
+    assert dets(seen) == want
