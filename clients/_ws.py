@@ -281,16 +281,27 @@ class Resumable:
                     # (a draining or full replica; through a load balancer the next try
                     # may reach another one)
                     raise ConnectionFailed(f"server refused the resume: {ready.get('message')}")
-            except (ConnectionFailed, Timeout) as exc:  # server not back yet
+            except (ConnectionFailed, Timeout, Overloaded) as exc:
+                # not back yet, or refused for now (HTTP 429/503 from the server or a load
+                # balancer in front of it, close 1013): wait (Retry-After when given), retry
                 await conn.close()
+                wait = _next_wait(wait, exc)
                 if time.monotonic() + wait > deadline:
                     raise ConnectionFailed(
                         f"could not resume session {self.session_id} within "
                         f"{self.cfg.resume_timeout:g} s: {exc}"
                     ) from exc
-                wait = min(wait * 2, 4.0)
                 continue
             if ready.get("type") != "ready":
                 raise ProtocolError(f"expected 'ready' after 'resume', got {ready!r}")
             self.token = ready.get("resume_token", self.token)
             return conn, ready
+
+
+def _next_wait(wait: float, exc: Exception) -> float:
+    """The wait before the next resume attempt: doubled up to 4 s, or the server's
+    Retry-After when it asked for one (capped at 30 s)."""
+    retry_after = getattr(exc, "retry_after", None)
+    if isinstance(exc, Overloaded) and retry_after is not None:
+        return min(max(float(retry_after), 0.05), 30.0)
+    return min(wait * 2, 4.0)

@@ -1,0 +1,222 @@
+"""dlr-serve on a real local Ray cluster (a head and a worker node on 127.0.0.1) via Ray Serve.
+
+Two replicas of server/ray_serve.py serve the tiny checkpoints behind Ray's HTTP proxy. Checked
+for real: HTTP, SSE and both WebSockets through the proxy equal a local server; WebSocket
+sessions land on both replicas (`X-DLR-Replica`); a replica actor is killed (`ray.kill`) and
+Ray brings the deployment back to two replicas, which serve new sessions identically.
+Resuming the sessions (Ray 2.60's proxy drops the survivors' WebSockets too) needs the shared state store
+(`Settings.state_store`, DLR_STATE_STORE=redis://...): that part alone is skipped while the
+server has no such setting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+# every Ray process on the loopback address (the head would otherwise advertise the host's IP)
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ["RAY_SERVE_SESSION_ID_HEADER_KEY"] = "x-dlr-session-id"  # the affinity key
+pytest.importorskip("ray.serve", reason="ray[serve] is not installed (pip install -e .[ray])")
+
+import ray  # noqa: E402
+from ray import serve  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from clients import AsyncChatSession, AsyncGenerateClient, AsyncSpeechClient  # noqa: E402
+from server.settings import Settings  # noqa: E402
+from tests.clients.conftest import word_wav  # noqa: E402,F401  (fixture)
+from tests.server.conftest import make_settings  # noqa: E402
+from tests.server.live import LiveServer, free_port  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+ROOT = Path(__file__).resolve().parents[2]
+STORE_MISSING = (
+    "the server has no `state_store` setting (DLR_STATE_STORE=redis://..., the shared session "
+    "store): the killed replica's sessions cannot continue on the other replica"
+)
+ROUTER = "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter"
+TURNS = ("Hello", " world", " again")
+N_SESSIONS = 6
+
+
+def replica_of(client) -> str:
+    return client._conn._ws.response.headers["x-dlr-replica"]
+
+
+def redis_url(tmp: Path) -> tuple[str, subprocess.Popen] | None:
+    if not Settings.model_fields.get("state_store"):
+        return None
+    port = free_port()
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", tmp],
+        stdout=subprocess.DEVNULL,
+    )
+    return f"redis://127.0.0.1:{port}/0", proc
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Head (1 CPU) + worker (2 CPUs) on 127.0.0.1, small object stores, Serve on a free port."""
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    small = dict(object_store_memory=80 << 20, include_dashboard=False, node_ip_address="127.0.0.1")
+    t0 = time.monotonic()
+    c = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, **small))
+    c.add_node(num_cpus=2, **small)
+    ray.init(address=c.address, log_to_driver=False)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    yield f"http://127.0.0.1:{port}", time.monotonic() - t0
+    serve.shutdown()
+    ray.shutdown()
+    c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def deployed(cluster, models_dir, tmp_path_factory):
+    from server.ray_serve import DLRDeployment
+
+    url, _ = cluster
+    tmp = tmp_path_factory.mktemp("ray")
+    fields = dict(
+        models_dir=str(models_dir), device="cpu", max_batch_wait_ms=2.0, resume_grace_s=60.0
+    )
+    redis = redis_url(tmp)
+    if redis is not None:
+        fields["state_store"] = redis[0]
+    t0 = time.monotonic()
+    serve.run(
+        DLRDeployment.options(
+            num_replicas=2,
+            ray_actor_options={"num_cpus": 0.5},
+            request_router_config={"request_router_class": ROUTER},
+        ).bind(fields),
+        name="dlr",
+        route_prefix="/",
+    )
+    deadline = time.monotonic() + 120
+    while httpx.get(url + "/readyz", timeout=5).status_code != 200:
+        assert time.monotonic() < deadline, "the Ray deployment did not get ready"
+        time.sleep(0.2)
+    yield url, time.monotonic() - t0
+    if redis is not None:
+        redis[1].terminate()
+
+
+@pytest.fixture(scope="module")
+def local(models_dir):
+    """The same models on a plain local server: the reference outputs."""
+    with LiveServer(make_settings(models_dir)) as srv:
+        yield srv.url
+
+
+async def chat_turns(url: str, turns=TURNS, hold: asyncio.Event | None = None, out=None):
+    async with AsyncChatSession(url, resume_timeout=30.0) as c:
+        texts = [(await c.say(turns[0], max_new_tokens=8, temperature=0)).text]
+        if out is not None:
+            out.append((replica_of(c), c))
+        if hold is not None:
+            await hold.wait()
+        for t in turns[1:]:
+            texts.append((await c.say(t, max_new_tokens=8, temperature=0)).text)
+        return texts, c.reconnects
+
+
+async def speech_and_http(url: str, audio: np.ndarray):
+    async with AsyncSpeechClient(url) as s:
+        results = [r async for r in s.stream(np.array_split(audio, 20), sample_rate=16000)]
+    async with AsyncGenerateClient(url) as g:
+        whole = await g.generate("The", max_new_tokens=10, temperature=0)
+        pieces = [e.text async for e in g.generate_stream("The", max_new_tokens=10, temperature=0)]
+    final = results[-1]
+    return final.label, round(final.score, 4), whole.text, "".join(pieces)
+
+
+def test_http_sse_and_websockets_through_ray_equal_a_local_server(
+    deployed,
+    local,
+    word_wav,  # noqa: F811  (the fixture imported above)
+):
+    import soundfile as sf
+
+    url, _ = deployed
+    audio, _sr = sf.read(word_wav, dtype="float32")
+    assert asyncio.run(speech_and_http(url, audio)) == asyncio.run(speech_and_http(local, audio))
+    assert asyncio.run(chat_turns(url))[0] == asyncio.run(chat_turns(local))[0]
+
+
+def test_requests_naming_a_session_stick_to_one_replica(deployed):
+    url, _ = deployed
+    seen: dict[str, set[str]] = {}
+    for i in range(8):
+        sid = f"{i:032x}"
+        for _ in range(4):
+            r = httpx.get(url + "/v1/models", headers={"X-DLR-Session-Id": sid}, timeout=10)
+            seen.setdefault(sid, set()).add(r.headers["x-dlr-replica"])
+    assert all(len(v) == 1 for v in seen.values()), seen
+    assert len(set().union(*seen.values())) == 2, seen  # different ids, different replicas
+
+
+def test_sessions_spread_over_two_replicas_and_survive_one_killed(deployed, local, cluster):
+    url, deploy_s = deployed
+    ref = asyncio.run(chat_turns(local))[0]
+    killed: dict[str, object] = {}
+
+    async def run():
+        hold, out = asyncio.Event(), []
+        tasks = [
+            asyncio.create_task(chat_turns(url, hold=hold, out=out)) for _ in range(N_SESSIONS)
+        ]
+        deadline = time.monotonic() + 60
+        while len(out) < N_SESSIONS:
+            assert time.monotonic() < deadline, "sessions did not start"
+            await asyncio.sleep(0.05)
+        replicas = {r for r, _ in out}
+        killed["replicas"] = replicas
+        victim = sorted(replicas)[0]
+        killed["victim"] = victim
+        killed["on_victim"] = sum(r == victim for r, _ in out)
+        names = [
+            a["name"]
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == "serve" and victim in a["name"]
+        ]
+        assert len(names) == 1, names
+        ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
+        killed["at"] = time.monotonic()
+        hold.set()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        return [(r, res) for (r, _), res in zip(out, results, strict=True)]
+
+    got = asyncio.run(run())
+    assert len(killed["replicas"]) == 2, f"all sessions on one replica: {killed['replicas']}"
+    # Observed with Ray 2.60: killing one replica also drops the WebSocket connections that the
+    # proxy held to the other replica, so every session resumes (and may land anywhere): without
+    # the shared store only the deployment's recovery can be checked here.
+    # the deployment is back to two healthy replicas and serves new sessions
+    deadline = time.monotonic() + 120
+    while True:
+        st = serve.status().applications["dlr"].deployments["dlr"]
+        if st.status == "HEALTHY" and st.replica_states.get("RUNNING", 0) == 2:
+            break
+        assert time.monotonic() < deadline, f"not back to 2 replicas: {st}"
+        time.sleep(0.5)
+    print(f"deploy {deploy_s:.1f} s, replacement {time.monotonic() - killed['at']:.1f} s")
+    assert asyncio.run(chat_turns(url))[0] == ref
+    if not Settings.model_fields.get("state_store"):
+        pytest.skip(STORE_MISSING)
+    for r, res in got:
+        assert not isinstance(res, BaseException), (r, res)
+        assert res[0] == ref, (r, res)
+    assert all(res[1] >= 1 for r, res in got if r == killed["victim"])
