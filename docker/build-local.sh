@@ -27,7 +27,10 @@ import tomllib
 
 with open("pyproject.toml", "rb") as f:
     p = tomllib.load(f)
-print("\n".join([*p["project"]["dependencies"], *p["build-system"]["requires"], "pip>=24"]))
+# async-timeout: redis needs it on Python < 3.11.3 (the image's bookworm 3.11.2), which a
+# newer host Python's pip does not download
+extra = ["pip>=24", "async-timeout>=4.0.3"]
+print("\n".join([*p["project"]["dependencies"], *p["build-system"]["requires"], *extra]))
 PY
 )
 want=$(printf '%s\n' "$reqs" | sha256sum | cut -d' ' -f1)
