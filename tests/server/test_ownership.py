@@ -57,6 +57,8 @@ def test_start_then_close_never_leaks_a_session_or_slot(models_dir):
             for ws, _ in opened:
                 await ws.close()
             await eventually(lambda: ctx.sessions == 0, timeout=10)
+            # (dropped sessions leave `live` when their 0.5 s resume grace ends)
+            await eventually(lambda: not srv.app.state.sessions.live, timeout=10)
             async with httpx.AsyncClient() as h:
                 return (await h.get(srv.http + "/readyz")).json()
 
