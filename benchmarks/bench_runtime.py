@@ -57,7 +57,7 @@ def timeit(fn, repeat: int, min_time: float = 0.05) -> float:
 
 
 def bench_step(quick: bool) -> list[dict]:
-    cfg = DLRConfig(d_model=128, d_state=64, n_layers=4, vocab_size=258)
+    cfg = DLRConfig.preset("bench-lm", d_state=64)
     rec = to_recurrent(DLRModel(cfg, seed=0).eval(), dtype=torch.complex64)
     rows = []
     for batch in (1, 8, 64, 256):
@@ -79,11 +79,7 @@ def speech_model() -> tuple[RecurrentModel, DLRModel | None, str]:
         model = load_checkpoint(SPEECH_MODEL)
         model = model if isinstance(model, DLRModel) else None
         return rec, model, "models/speech-commands"
-    cfg = DLRConfig(
-        d_model=64, d_state=64, n_layers=4, encoder="audio", decoder="classifier",
-        labels=[str(i) for i in range(10)], frame_stride=160,
-    )  # fmt: skip
-    model = DLRModel(cfg, seed=0).eval()
+    model = DLRModel(DLRConfig.preset("roofline-speech"), seed=0).eval()
     return to_recurrent(model, dtype=torch.complex64), model, "random model H=64 N=64 4 layers"
 
 
@@ -127,7 +123,9 @@ def bench_audio(quick: bool) -> tuple[list[dict], str]:
     for r in rows:
         if r["step_samples_per_s"] is None:
             r["step_samples_per_s"] = next(
-                q["step_samples_per_s"] for q in rows if q["position_s"] == r["position_s"] and q["chunk_ms"] == 20
+                q["step_samples_per_s"]
+                for q in rows
+                if q["position_s"] == r["position_s"] and q["chunk_ms"] == 20
             )
         r["chunk_vs_step"] = r["chunk_samples_per_s"] / r["step_samples_per_s"]
         r["chunk_vs_naive"] = r["chunk_samples_per_s"] / r["naive_samples_per_s"]
@@ -153,11 +151,24 @@ def plot(audio: list[dict], path: Path) -> None:
         rs = [r for r in audio if r["chunk_ms"] == ms]
         xs = [r["position_s"] for r in rs]
         ax.plot(xs, [r["chunk_x_realtime"] for r in rs], style, label=f"chunk form, {ms} ms")
-        ax.plot(xs, [r["naive_samples_per_s"] / RATE for r in rs], style, alpha=0.4, label=f"naive re-run, {ms} ms")
+        ax.plot(
+            xs,
+            [r["naive_samples_per_s"] / RATE for r in rs],
+            style,
+            alpha=0.4,
+            label=f"naive re-run, {ms} ms",
+        )
     rs = [r for r in audio if r["chunk_ms"] == 20]
-    ax.plot([r["position_s"] for r in rs], [r["step_samples_per_s"] / RATE for r in rs], "k--", label="step loop")
+    ax.plot(
+        [r["position_s"] for r in rs],
+        [r["step_samples_per_s"] / RATE for r in rs],
+        "k--",
+        label="step loop",
+    )
     ax.axhline(1.0, color="red", lw=0.8)
-    ax.set(xscale="log", yscale="log", xlabel="stream position (s)", ylabel="x real time (one stream)")
+    ax.set(
+        xscale="log", yscale="log", xlabel="stream position (s)", ylabel="x real time (one stream)"
+    )
     ax.set_title("16 kHz streaming, one stream, one thread")
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -193,7 +204,11 @@ def main() -> None:
         png = args.results.parent / "bench_runtime.png"
         plot(audio_rows, png)
         machine = f"{os.cpu_count()} cores, {cpu_name()}, torch {torch.__version__}, {args.threads} thread(s)"
-        cmd = "python -m benchmarks.bench_runtime" + (" --quick" if args.quick else "") + f" --results {args.results}"
+        cmd = (
+            "python -m benchmarks.bench_runtime"
+            + (" --quick" if args.quick else "")
+            + f" --results {args.results}"
+        )
         section = (
             f"\n## Runtime: step batching and chunk vs alternatives (issue: dlr_runtime)\n\n"
             f"Command: `{cmd}`  \nMachine: {machine}; shared with other jobs, so absolute times are noisy; "

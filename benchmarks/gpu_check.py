@@ -32,13 +32,9 @@ from dlr_runtime.backends.torch_compiled import FastTorchBackend
 def configs(quick: bool) -> tuple[DLRConfig, DLRConfig]:
     """LM (H=256, N=64, 4 layers) and audio classifier (H=64, N=64, 4 layers, stride 160);
     --quick uses tiny ones of the same kinds (the CPU-side test)."""
-    h, n, layers = (16, 8, 2) if quick else (256, 64, 4)
-    lm = DLRConfig(d_model=h, d_state=n, n_layers=layers, vocab_size=258)
-    audio = DLRConfig(
-        d_model=min(h, 64), d_state=n, n_layers=layers, encoder="audio", decoder="classifier",
-        frame_stride=160, labels=[str(i) for i in range(10)],
-    )  # fmt: skip
-    return lm, audio
+    if quick:
+        return DLRConfig.preset("tiny-lm", init="omega"), DLRConfig.preset("tiny-speech")
+    return DLRConfig.preset("decode-lm"), DLRConfig.preset("roofline-speech")
 
 
 TOL = 2e-3  # float32 backends vs complex128 reference, unit-scale random models

@@ -45,17 +45,8 @@ CHUNK_MS = 20
 def write_bench_models(root: Path) -> Path:
     from dlr_runtime import DLRConfig, DLRModel, save_checkpoint
 
-    speech = DLRConfig(
-        d_model=64,
-        d_state=32,
-        n_layers=4,
-        encoder="audio",
-        decoder="classifier",
-        sample_rate=16000,
-        frame_stride=160,
-        labels=[f"c{i}" for i in range(10)],
-    )
-    lm = DLRConfig(d_model=128, d_state=32, n_layers=4, vocab_size=258)
+    speech = DLRConfig.preset("bench-speech")
+    lm = DLRConfig.preset("bench-lm")
     save_checkpoint(DLRModel(speech, seed=0), root / "bench-speech")
     save_checkpoint(
         DLRModel(lm, seed=0),

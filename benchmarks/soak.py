@@ -52,17 +52,8 @@ N_CLIPS = 8
 def write_tiny_models(root: Path) -> Path:
     from dlr_runtime import DLRConfig, DLRModel, save_checkpoint
 
-    speech = DLRConfig(
-        d_model=16,
-        d_state=8,
-        n_layers=2,
-        encoder="audio",
-        decoder="classifier",
-        sample_rate=RATE,
-        frame_stride=160,
-        labels=[f"c{i}" for i in range(10)],
-    )
-    lm = DLRConfig(d_model=16, d_state=8, n_layers=2, vocab_size=258)
+    speech = DLRConfig.preset("tiny-speech", sample_rate=RATE)
+    lm = DLRConfig.preset("tiny-lm", init="omega")
     save_checkpoint(DLRModel(speech, seed=0), root / "soak-speech")
     tok = {"type": "bytes", "bos": 256, "eos": 257, "vocab_size": 258}
     save_checkpoint(DLRModel(lm, seed=0), root / "soak-lm", tokenizer=tok)

@@ -9,68 +9,27 @@
 Every option of `TrainConfig` (optimisation, schedule, device, checkpoints) and of
 `ModelOptions` (width, state size, layers, layer kind) is available to every recipe, under the
 dataclass field name with dashes (`--d-model`, `--ssm-lr`, `--no-amp`...); recipe options follow.
-Help texts come from the field comments of those dataclasses.
+The command line is built by tyro from those dataclasses: their field comments are the help.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import functools
 import importlib
-import inspect
 import json
-import re
 import shlex
 import sys
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any, Union
+
+import tyro
 
 from training.config import TrainConfig
 from training.modelopts import ModelOptions
 
-ALIASES = {"d_model": ["--width"], "d_state": ["--state-size"], "n_layers": ["--layers"]}
-
-
-def _field_help(cls: type) -> dict[str, str]:
-    """Map each dataclass field to the comment on its line in the class source."""
-    helps = {}
-    for line in inspect.getsource(cls).splitlines():
-        m = re.match(r"\s+(\w+): [^=]+=.*?#\s*(.*)$", line)
-        if m:
-            helps[m.group(1)] = m.group(2).replace("%", "%%")
-    return helps
-
-
-def add_dataclass_args(
-    parser: argparse.ArgumentParser, cls: type, title: str, **defaults: Any
-) -> None:
-    """One option per field of dataclass `cls` (defaults overridable per recipe)."""
-    group = parser.add_argument_group(title)
-    helps = _field_help(cls)
-    for f in dataclasses.fields(cls):
-        default = defaults.get(f.name, f.default if f.default is not dataclasses.MISSING else None)
-        flags = [f"--{f.name.replace('_', '-')}", *ALIASES.get(f.name, [])]
-        kw: dict[str, Any] = {"dest": f.name, "default": default, "help": helps.get(f.name, "")}
-        if isinstance(default, bool):
-            kw["action"] = argparse.BooleanOptionalAction
-        elif isinstance(default, tuple) and not default:
-            kw.update(nargs="*", type=str)
-        elif isinstance(default, tuple):
-            kw.update(nargs=len(default), type=type(default[0]))
-        elif default is not None:
-            kw["type"] = type(default)
-        kw["help"] += " (default: %(default)s)"
-        group.add_argument(*flags, **kw)
-
-
-def pick(cls: type, args: argparse.Namespace) -> Any:
-    """Build dataclass `cls` from the parsed options that belong to it."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}
-    for name, value in values.items():
-        if isinstance(value, list):
-            values[name] = tuple(value)
-    return cls(**values)
+# One flat flag namespace: `--epochs`, not `--train.epochs` (field names never collide).
+FLAT = (tyro.conf.OmitArgPrefixes, tyro.conf.OmitSubcommandPrefixes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,31 +123,26 @@ RECIPES: dict[str, RecipeSpec] = {
 }
 
 
-def _add_recipe(sub: argparse._SubParsersAction, name: str, spec: RecipeSpec) -> None:
-    module = importlib.import_module(spec.module)
-    p = sub.add_parser(name, help=spec.help)
-    add_dataclass_args(p, TrainConfig, "training", **spec.train)
-    add_dataclass_args(p, ModelOptions, "model", **spec.model)
-    add_dataclass_args(p, getattr(module, spec.options), f"{name} options")
-    p.set_defaults(run=functools.partial(_run_recipe, spec))
+@dataclasses.dataclass
+class SuiteOptions:
+    length: int = 64  # sequence length L of every task
+    tasks: tuple[str, ...] = ()  # tasks to run (default: all)
+    archs: tuple[str, ...] = ("dlr", "attention")  # dlr and/or attention
+    heldout_batches: int = 4  # held-out batches scored per task
+    work_dir: str = "runs/suite"  # per-run directories
 
 
-def _run_recipe(spec: RecipeSpec, args: argparse.Namespace) -> dict:
-    from training.trainer import Trainer
+@dataclasses.dataclass
+class SuiteArgs:
+    """Every synthetic task for DLR and attention: table + plot."""
 
-    module = importlib.import_module(spec.module)
-    cfg = pick(TrainConfig, args)
-    options = pick(getattr(module, spec.options), args)
-    recipe = getattr(module, spec.recipe)(options, pick(ModelOptions, args), cfg)
-    return Trainer(recipe, cfg, command=args.command).run()
+    train: TrainConfig
+    model: ModelOptions
+    suite: SuiteOptions
 
 
-def _suite(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("suite", help="every synthetic task for DLR and attention: table + plot")
-    add_dataclass_args(
-        p,
-        TrainConfig,
-        "training (per task and architecture)",
+SUITE_DEFAULT = SuiteArgs(
+    TrainConfig(
         out_dir="benchmarks/synthetic",
         steps=300,
         batch_size=32,
@@ -199,70 +153,86 @@ def _suite(sub: argparse._SubParsersAction) -> None:
         save_every=0,
         progress=False,
         log_every=25,
+    ),
+    ModelOptions(d_model=64, d_state=128, n_layers=2),
+    SuiteOptions(),
+)
+
+
+def _recipe_type(name: str, spec: RecipeSpec) -> Any:
+    """The subcommand of one recipe: a dataclass (train, model, <recipe> options) + defaults."""
+    options_cls = getattr(importlib.import_module(spec.module), spec.options)
+    cls = dataclasses.make_dataclass(
+        f"{options_cls.__name__}Args",
+        [
+            ("train", TrainConfig),
+            ("model", ModelOptions),
+            ("options", Annotated[options_cls, tyro.conf.arg(name=name)]),
+            ("recipe", Annotated[str, tyro.conf.Suppress], dataclasses.field(default=name)),
+        ],
     )
-    add_dataclass_args(
-        p,
-        ModelOptions,
-        "model (width and layers apply to both)",
-        d_model=64,
-        d_state=128,
-        n_layers=2,
+    default = cls(TrainConfig(**spec.train), ModelOptions(**spec.model), options_cls())
+    return Annotated[cls, tyro.conf.subcommand(name, default=default, description=spec.help)]
+
+
+def _commands() -> Any:
+    kinds = [_recipe_type(name, spec) for name, spec in RECIPES.items()]
+    suite = Annotated[SuiteArgs, tyro.conf.subcommand("suite", default=SUITE_DEFAULT)]
+    return Union[tuple([*kinds, suite])]  # noqa: UP007 (a runtime-built union)
+
+
+def parse(argv: Sequence[str]) -> Any:
+    """The parsed subcommand: a recipe's args dataclass or `SuiteArgs` (exits 2 on bad flags)."""
+    return tyro.cli(
+        _commands(),
+        args=list(argv),
+        prog="dlr-train",
+        description=__doc__.splitlines()[0],
+        config=FLAT,
     )
-    g = p.add_argument_group("suite")
-    g.add_argument("--length", type=int, default=64, help="sequence length L of every task")
-    g.add_argument("--tasks", nargs="*", default=[], help="tasks to run (default: all)")
-    g.add_argument("--archs", nargs="*", default=["dlr", "attention"], help="dlr and/or attention")
-    g.add_argument("--heldout-batches", type=int, default=4, help="held-out batches per score")
-    g.add_argument("--work-dir", default="runs/suite", help="per-run directories")
-    p.set_defaults(run=_run_suite)
 
 
-def _run_suite(args: argparse.Namespace) -> dict:
-    from pathlib import Path
+def _run_recipe(args: Any, command: str) -> dict:
+    """Train one recipe; `args` is the dataclass `_recipe_type` built for it."""
+    from training.trainer import Trainer
 
+    spec = RECIPES[args.recipe]
+    recipe_cls = getattr(importlib.import_module(spec.module), spec.recipe)
+    recipe = recipe_cls(args.options, args.model, args.train)
+    return Trainer(recipe, args.train, command=command).run()
+
+
+def _run_suite(args: SuiteArgs, command: str) -> dict:
     from training.data.synthetic import TASKS
     from training.suite import run_suite
 
-    cfg = pick(TrainConfig, args)
+    cfg = args.train
     if cfg.steps < 1:
         raise ValueError("suite: --steps must be >= 1")
     rows = run_suite(
-        list(args.tasks) or list(TASKS),
-        args.length,
+        list(args.suite.tasks) or list(TASKS),
+        args.suite.length,
         cfg,
-        pick(ModelOptions, args),
+        args.model,
         Path(cfg.out_dir),
-        Path(args.work_dir),
-        tuple(args.archs),
-        args.heldout_batches,
-        args.command,
+        Path(args.suite.work_dir),
+        tuple(args.suite.archs),
+        args.suite.heldout_batches,
+        command,
     )
     print((Path(cfg.out_dir) / "results.md").read_text())
     return {"rows": len(rows)}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="dlr-train",
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="recipe", required=True, metavar="RECIPE")
-    for name, spec in RECIPES.items():
-        _add_recipe(sub, name, spec)
-    _suite(sub)
-    return parser
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
-    args.command = shlex.join(["dlr-train", *argv])
+    args = parse(argv)
+    command = shlex.join(["dlr-train", *argv])
+    name = "suite" if isinstance(args, SuiteArgs) else args.recipe
     try:
-        summary = args.run(args)
+        summary = _run_suite(args, command) if name == "suite" else _run_recipe(args, command)
     except (ValueError, FileNotFoundError) as e:
-        print(f"dlr-train {args.recipe}: error: {e}", file=sys.stderr)
+        print(f"dlr-train {name}: error: {e}", file=sys.stderr)
         return 2
     if summary:
         brief = {

@@ -23,9 +23,7 @@ class TrainConfig:
     batch_size: int = 32  # per process (DDP: global batch = batch_size * world size)
     epochs: int = 10  # number of epochs (an epoch is `steps_per_epoch` steps for stream recipes)
     steps: int = 0  # total optimiser steps; 0: epochs * steps per epoch
-    max_minutes: float = (
-        0.0  # stop (then evaluate and finish) after this much training time (0: none)
-    )
+    max_minutes: float = 0.0  # stop (then evaluate and finish) after this time (0: none)
     steps_per_epoch: int = 0  # stream recipes (LM, synthetic): steps between evaluations
     lr: float = 3e-3  # peak learning rate of every parameter outside the SSM layers
     ssm_lr: float = 1e-3  # peak learning rate of the SSM layers' parameters (lambda, W, ...)

@@ -4,21 +4,23 @@
     dlr-eval speech runs/kws_loso-flite/model --stream-minutes 0   # one LOSO fold: clips only
     dlr-eval loso runs/kws_loso-espeak/model runs/kws_loso-flite/model ... --out table.md
 
-`speech` options mirror `training.eval_speech.EvalOptions` (field comments are the help);
+`speech` options are `training.eval_speech.EvalOptions` (tyro: field comments are the help);
 `loso` reads each fold's eval.json (running `speech` on it first if missing) and prints the
 leave-one-synthesizer-out table in Markdown.
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from training.cli import add_dataclass_args, pick
+import tyro
+
+from training.cli import FLAT
 from training.eval_speech import EvalOptions, evaluate
 
 
@@ -45,37 +47,70 @@ def loso_table(model_dirs: Sequence[str], opts: EvalOptions) -> str:
     return "\n".join(lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dlr-eval", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    sp = sub.add_parser("speech", help="evaluate one keyword-spotting checkpoint")
-    sp.add_argument("model_dir")
-    add_dataclass_args(sp, EvalOptions, "evaluation")
-    lp = sub.add_parser("loso", help="leave-one-synthesizer-out table from fold checkpoints")
-    lp.add_argument("model_dirs", nargs="+")
-    lp.add_argument("--table", default="", help="also write the table to this file")
-    add_dataclass_args(lp, EvalOptions, "evaluation", stream_minutes=0.0, valid_stream_minutes=0.0)
-    return p
+@dataclasses.dataclass
+class SpeechArgs:
+    """Evaluate one keyword-spotting checkpoint."""
+
+    model_dir: Annotated[
+        str,
+        tyro.conf.Positional,
+        tyro.conf.arg(metavar="MODEL_DIR", help="the model folder (checkpoint + metadata)"),
+    ]
+    eval: EvalOptions
+
+
+@dataclasses.dataclass
+class LosoArgs:
+    """Leave-one-synthesizer-out table from fold checkpoints."""
+
+    model_dirs: Annotated[
+        tuple[str, ...],
+        tyro.conf.Positional,
+        tyro.conf.arg(metavar="MODEL_DIR...", help="one model folder per held-out engine"),
+    ]
+    eval: EvalOptions
+    table: str = ""  # also write the table to this file
+
+
+Command = (
+    Annotated[SpeechArgs, tyro.conf.subcommand("speech")]
+    | Annotated[
+        LosoArgs,
+        tyro.conf.subcommand(
+            "loso",
+            default=LosoArgs((), EvalOptions(stream_minutes=0.0, valid_stream_minutes=0.0)),
+        ),
+    ]
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    opts = pick(EvalOptions, args)
-    if args.command == "speech":
-        res = evaluate(args.model_dir, opts)
-        brief = {k: res[k] for k in ("split", "silence") if k in res}
-        for kind in ("clean", "augmented"):
-            brief[kind] = {k: v for k, v in res[kind].items() if k not in ("per_voice",)}
-        if "streams" in res:
-            brief["streams"] = {
-                k: v for k, v in res["streams"].items() if k not in ("valid", "test")
-            }
-        print(json.dumps(brief, indent=1))
-        return 0
-    table = loso_table(args.model_dirs, opts)
-    print(table)
-    if args.table:
-        Path(args.table).write_text(table + "\n")
+    args = tyro.cli(
+        Command,
+        args=None if argv is None else list(argv),
+        prog="dlr-eval",
+        description=__doc__.splitlines()[0],
+        config=FLAT,
+    )
+    match args:
+        case SpeechArgs(model_dir=model_dir, eval=opts):
+            res = evaluate(model_dir, opts)
+            brief = {k: res[k] for k in ("split", "silence") if k in res}
+            for kind in ("clean", "augmented"):
+                brief[kind] = {k: v for k, v in res[kind].items() if k not in ("per_voice",)}
+            if "streams" in res:
+                brief["streams"] = {
+                    k: v for k, v in res["streams"].items() if k not in ("valid", "test")
+                }
+            print(json.dumps(brief, indent=1))
+        case LosoArgs(model_dirs=model_dirs, eval=opts, table=out):
+            if not model_dirs:
+                print("dlr-eval loso: error: give one model folder per fold", file=sys.stderr)
+                return 2
+            table = loso_table(model_dirs, opts)
+            print(table)
+            if out:
+                Path(out).write_text(table + "\n")
     return 0
 
 

@@ -7,16 +7,19 @@ each recipe adds its task fields (encoder, decoder, vocabulary, labels, frame st
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Annotated, Any
+
+import tyro
 
 from dlr_runtime import DLRConfig
 
 
 @dataclass
 class ModelOptions:
-    d_model: int = 128  # width H
-    d_state: int = 64  # state size N (complex modes per feature)
-    n_layers: int = 4  # residual blocks
+    d_model: Annotated[int, tyro.conf.arg(aliases=("--width",))] = 128  # width H
+    # state size N (complex modes per feature)
+    d_state: Annotated[int, tyro.conf.arg(aliases=("--state-size",))] = 64
+    n_layers: Annotated[int, tyro.conf.arg(aliases=("--layers",))] = 4  # residual blocks
     layer: str = "dlr"  # dlr | s4d | lru
     shared_lambda: bool = True  # one lambda vector per layer shared by all features (paper)
     init: str = "omega"  # omega (roots of unity) | random

@@ -35,16 +35,7 @@ def frame(i: int) -> np.ndarray:
 @pytest.fixture(scope="module")
 def hour_model(tmp_path_factory):
     root = tmp_path_factory.mktemp("hour")
-    cfg = DLRConfig(
-        d_model=8,
-        d_state=4,
-        n_layers=1,
-        encoder="audio",
-        decoder="classifier",
-        sample_rate=RATE,
-        frame_stride=800,
-        labels=list(LABELS),
-    )
+    cfg = DLRConfig.preset("micro-speech", sample_rate=RATE, frame_stride=800, labels=list(LABELS))
     save_checkpoint(DLRModel(cfg, seed=5), root / "hour-speech")
     return root
 

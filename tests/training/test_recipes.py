@@ -226,3 +226,23 @@ def test_speech_recipe_reads_the_speech_commands_layout(tmp_path: Path) -> None:
     assert summary["steps"] == 4  # 20 train clips (2 per word) // batch 5
     assert summary["test"]["clips"] == 10.0 and "test_augmented" not in summary
     assert summary["streaming"]["complex64"]["final_prediction_agreement"] == 1.0
+
+
+def test_command_line_comes_from_the_option_dataclasses(capsys) -> None:
+    from training.cli import SuiteArgs, parse
+
+    args = parse(["synthetic", "--width", "32", "--layers", "1", "--no-progress", "--task", "copy"])
+    assert (args.recipe, args.model.d_model, args.model.n_layers) == ("synthetic", 32, 1)
+    assert args.train.progress is False and args.options.task == "copy"
+    assert args.train.epochs == 5  # the recipe's own default, not TrainConfig's
+    suite = parse(["suite", "--tasks", "copy", "cumsum", "--betas", "0.8", "0.9"])
+    assert isinstance(suite, SuiteArgs) and suite.suite.tasks == ("copy", "cumsum")
+    assert suite.train.betas == (0.8, 0.9)
+    with pytest.raises(SystemExit) as bad:
+        parse(["lm", "--no-such-flag", "1"])
+    assert bad.value.code == 2
+    with pytest.raises(SystemExit):
+        parse(["lm", "--help"])
+    helptext = capsys.readouterr().out
+    assert "peak learning rate of the SSM layers" in helptext  # TrainConfig's field comment
+    assert "training window in bytes" in helptext  # LMOptions' field comment

