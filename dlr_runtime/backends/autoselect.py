@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 import math
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from ..recurrent import RecurrentModel
+from .timing import per_call_seconds
 
 log = logging.getLogger(__name__)
 DEFAULT_CANDIDATES = ("torch", "onnx")
@@ -57,32 +57,18 @@ def default_candidates(rec: RecurrentModel) -> tuple[str, ...]:
     return ("fused", "torch", "onnx") if fused_supported(rec) is None else DEFAULT_CANDIDATES
 
 
-def _median_time(fn: Callable[[], object], reps: int, device: torch.device) -> float:
-    fn()  # warm-up (and compile / capture for the fast paths)
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t)
-    return sorted(times)[len(times) // 2]
-
-
 def measure(backend: Any, batch_sizes: Sequence[int], reps: int) -> float:
-    """Total median seconds of the hot call over `batch_sizes`."""
+    """Total seconds per hot call over `batch_sizes` (each timed over `reps` calls)."""
     cfg, dev = backend.config, backend.device
     total = 0.0
     for b in batch_sizes:
         state = backend.init_state(b)
         if cfg.encoder == "tokens":
             x = torch.randint(0, cfg.vocab_size, (b,), device=dev)
-            total += _median_time(lambda x=x, s=state: backend.step(x, s), reps, dev)
+            total += per_call_seconds(lambda x=x, s=state: backend.step(x, s), reps)
         else:
             x = 0.1 * torch.randn(b, cfg.sample_rate // 10, device=dev)  # 100 ms of audio
-            total += _median_time(lambda x=x, s=state: backend.chunk(x, s), reps, dev)
+            total += per_call_seconds(lambda x=x, s=state: backend.chunk(x, s), reps)
     return total
 
 

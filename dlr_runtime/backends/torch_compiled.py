@@ -19,13 +19,13 @@ zero-copy real view of the complex state (`torch.view_as_real`, (B, L, H, N, 2))
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 import torch
 
 from ..export.realmath import FLOAT_OF, RealCore
 from ..recurrent import RecurrentModel
+from .timing import per_call_seconds
 
 State = dict[str, torch.Tensor]
 log = logging.getLogger(__name__)
@@ -166,8 +166,8 @@ class FastTorchBackend:
             ssm = torch.view_as_real(self.rec.init_state(batch)["ssm"])
             with torch.no_grad():
                 self._compiled(tok, ssm)  # compiles for this shape
-                t_eager = _best_time(lambda: self.stepper(tok, ssm), reps)
-                t_comp = _best_time(lambda: self._compiled(tok, ssm), reps)
+                t_eager = per_call_seconds(lambda: self.stepper(tok, ssm), reps)
+                t_comp = per_call_seconds(lambda: self._compiled(tok, ssm), reps)
         except Exception as e:  # any compiler failure: eager from now on
             log.warning("torch.compile of the decode step failed (%s); using eager", e)
             self._compile_broken = True
@@ -189,12 +189,3 @@ class FastTorchBackend:
             "cuda_graph_batches": sorted(self._graphs),
             "compiled_batches": sorted(b for b, v in self._use_compiled.items() if v),
         }
-
-
-def _best_time(fn: Callable, reps: int) -> float:
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best

@@ -51,3 +51,21 @@ def test_measure_audio_uses_chunks():
     cfg = DLRConfig.preset("micro-speech")
     audio_rec = to_recurrent(DLRModel(cfg, seed=0))
     assert measure(build(audio_rec, "torch"), (1, 2), reps=2) > 0
+
+
+def test_calibration_timer_runs_with_the_process_thread_count() -> None:
+    import time
+
+    from dlr_runtime.backends.timing import per_call_seconds
+
+    seen: list[int] = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        sec = per_call_seconds(lambda: (seen.append(torch.get_num_threads()), time.sleep(0.002)), 3)
+    finally:
+        torch.set_num_threads(before)
+    assert set(seen) == {2} and len(seen) >= 3 + 2  # the timed block plus the warm-up
+    assert 0.002 <= sec < 0.5
+    with pytest.raises(ValueError, match="calls"):
+        per_call_seconds(lambda: None, 0)
