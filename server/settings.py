@@ -22,9 +22,13 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535, description="TCP port (0 = any free port)")
     models_dir: Path = Field(DEFAULT_MODELS_DIR, description="one checkpoint directory per model")
     device: str = Field("auto", description="auto (cuda when available), cpu, cuda, cuda:N")
-    backend: Literal["auto", "torch", "onnx"] = Field(
+    backend: Literal["auto", "torch", "fused", "torch-fast", "onnx"] = Field(
         "torch",
-        description="inference backend: torch, onnx, or auto (time both at startup, keep the faster)",
+        description=(
+            "inference backend: torch, fused (numba decode step of token LMs; torch for the"
+            " rest), torch-fast (compiled step / CUDA graphs), onnx, or auto (time the"
+            " candidates at startup, keep the fastest)"
+        ),
     )
     state_dtype: Literal["complex64", "complex128"] = Field(
         "complex64", description="dtype of the recurrent state"

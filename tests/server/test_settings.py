@@ -43,3 +43,16 @@ def test_invalid_env_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("DLR_MAX_SESSIONS", "0")
     with pytest.raises(ValidationError, match="max_sessions"):
         Settings()
+
+
+def test_every_runtime_backend_can_be_chosen_for_the_server(tmp_path):
+    from server.metrics import Metrics
+    from server.registry import load_models
+    from tests.conftest import write_models
+
+    pytest.importorskip("numba")
+    s = parse_settings(["--backend", "fused", "--models-dir", str(write_models(tmp_path))])
+    models = load_models(s, Metrics())
+    names = {e.kind: e.engine.backend.name for e in models.values()}
+    assert names == {"lm": "fused", "speech": "torch"}  # the fused step is for token LMs
+    assert parse_settings(["--backend", "torch-fast"]).backend == "torch-fast"
