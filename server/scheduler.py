@@ -249,7 +249,9 @@ class Scheduler:
     def queue_audio(self, s: SpeechStream, samples: torch.Tensor) -> None:
         """Queue samples already at the model's rate (a restored stream's buffer)."""
         if samples.numel():
-            s.chunks.append(samples.to(torch.float32).reshape(-1))
+            if samples.dtype != torch.float32 or samples.dim() != 1:
+                samples = samples.to(torch.float32).reshape(-1)
+            s.chunks.append(samples)
             s.buffered += samples.numel()
             s.received += samples.numel()
             if s.buffered >= s.stride:

@@ -67,7 +67,8 @@ class Conn:
     async def receive(self) -> tuple[str | None, bytes | None]:
         """Next message as (text, None) or (None, bytes), enforcing idle timeout and size."""
         try:
-            msg = await asyncio.wait_for(self.ws.receive(), self.settings.idle_timeout_s)
+            async with asyncio.timeout(self.settings.idle_timeout_s):  # (no Task per message)
+                msg = await self.ws.receive()
         except TimeoutError:
             raise await self.fail(
                 "idle_timeout",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import math
 import time
 from typing import Any
 
@@ -52,10 +53,12 @@ def decode_pcm(data: bytes, encoding: str) -> np.ndarray:
         raise ValueError(f"{encoding} frames must be a multiple of {width} bytes, got {len(data)}")
     if encoding == "pcm_s16le":
         return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
-    x = np.frombuffer(data, dtype="<f4").astype(np.float32)
-    if not np.isfinite(x).all():
+    x = np.frombuffer(data, dtype="<f4")
+    # one pass finds any NaN/inf: a float64 sum of float32 values cannot overflow
+    if not math.isfinite(np.add.reduce(x, dtype=np.float64)):
         raise ValueError("pcm_f32le samples must be finite")
-    return np.clip(x, -1.0, 1.0)
+    y = np.minimum(x, 1.0, dtype=np.float32)  # a new, writable float32 copy
+    return np.maximum(y, -1.0, out=y)
 
 
 def _b64(x: torch.Tensor) -> str:
