@@ -25,7 +25,7 @@ from .metrics import Metrics
 from .registry import load_models
 from .routes import generate, info, openai_text, responses, sessions, speech, text_stream
 from .security import Security
-from .sessions.restore import recover
+from .sessions.restore import recover, superseded
 from .sessions.store import SessionStore
 from .settings import Settings
 
@@ -51,6 +51,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         st.state_store = st.durable.store
         st.durable.on_written, st.durable.on_evict = store.written, store.evicted
         store.recover = partial(recover, store)
+        store.superseded = partial(superseded, store)
         st.models = load_models(settings, st.metrics)
         for m in st.models.values():
             m.scheduler.start()

@@ -6,12 +6,14 @@ Example: `dlr-serve --port 9000 --max-batch-size 1` or `DLR_MODELS_DIR=/models d
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 
 import uvicorn
 from pydantic import ValidationError
 from pydantic_settings import SettingsConfigDict
 
+from . import workers
 from .app import create_app
 from .drain import DrainingServer
 from .http_deadline import deadline_protocol
@@ -44,9 +46,22 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
 def main(argv: list[str] | None = None) -> None:
     settings = parse_settings(argv)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    if settings.workers == 1:
+        serve(settings)
+        return
+    try:
+        workers.check(settings)
+    except ValueError as e:
+        print(f"dlr-serve: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    raise SystemExit(workers.run(settings, serve))
+
+
+def serve(settings: Settings, sockets: list[socket.socket] | None = None) -> None:
+    """Run one server process until SIGTERM (on `sockets` when given, else host:port)."""
     app = create_app(settings)
     config = uvicorn_config(app, settings)
-    DrainingServer(config, app.state.sessions).run()
+    DrainingServer(config, app.state.sessions).run(sockets=sockets)
 
 
 def uvicorn_config(app, settings: Settings, **kw) -> uvicorn.Config:

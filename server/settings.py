@@ -101,6 +101,13 @@ class Settings(BaseSettings):
     drain_timeout_s: float = Field(
         10.0, ge=0, description="on SIGTERM, wait this long for in-flight work before persisting"
     )
+    workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="server processes on the port (SO_REUSEPORT), each with its own engines; "
+        "more than 1 needs DLR_STATE_STORE=redis://... (server/workers.py)",
+    )
     max_state_bytes: int = Field(
         16 << 20, ge=1024, description="largest session state blob accepted by POST /v1/sessions"
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -13,7 +15,8 @@ router = APIRouter()
 
 @router.get("/healthz")
 async def healthz() -> dict:
-    return {"status": "ok"}
+    """Liveness; `pid` tells the server processes apart (DLR_WORKERS > 1 share one port)."""
+    return {"status": "ok", "pid": os.getpid()}
 
 
 @router.get("/readyz")

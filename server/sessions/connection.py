@@ -149,6 +149,10 @@ async def resume(
     except ValidationError as e:
         raise await conn.fail("invalid_message", validation_message(e)[1]) from None
     sess = store.verify(msg.session_id, msg.resume_token)
+    stale = store.superseded
+    if sess is not None and sess.conn is None and stale is not None and await stale(sess):
+        await store.finish(sess, "superseded")  # another process moved it on: take the newer
+        sess = None
     if sess is None and store.recover is not None:  # not here: rebuild it from the store
         sess = await store.recover(msg.session_id, msg.resume_token)
     if sess is None or sess.kind != kind:

@@ -114,6 +114,27 @@ def unseal(ctx: AppContext, blob: bytes, sid: str | None = None) -> Verified:
     raise wrong or EnvelopeError(Reason.WRONG_MODEL, "this server serves no model")
 
 
+async def superseded(store: SessionStore, sess: LiveSession) -> bool:
+    """True when the store holds a newer checkpoint of `sess` than this process's copy: a
+    process sharing the store (another worker or replica) recovered the session and moved it
+    on while this one still held it detached. Resuming the local copy would lose that work."""
+    ctx = store.ctx
+    if (
+        ctx.durable is None
+        or not sess.position_keys
+        or (r := await ctx.durable.load(sess.sid)) is None
+    ):
+        return False
+    try:
+        extra = read_header(unseal(ctx, r.data, sess.sid).payload).get("extra") or {}
+    except (EnvelopeError, SnapshotError, ValueError):
+        return False  # (an unreadable stored copy never replaces a live one)
+    here = sess.resume_info()
+    return any(
+        isinstance(extra.get(k), int) and extra[k] > int(here.get(k, 0)) for k in sess.position_keys
+    )
+
+
 async def recover(store: SessionStore, sid: str, token: str) -> LiveSession | None:
     """The session `sid` rebuilt (detached) from its stored checkpoint if `token` is its
     resume token; None when there is none, the token is wrong or the state is refused."""

@@ -277,8 +277,9 @@ async def _send_quietly(conn: Conn, msg: dict[str, Any]) -> None:
         await conn.send(msg)
 
 
-KEEP_STATE = ("drained", "parked")  # ends after which the stored state stays
+KEEP_STATE = ("drained", "parked", "superseded")  # ends after which the stored state stays
 Recover = Callable[[str, str], Awaitable["LiveSession | None"]]
+Superseded = Callable[["LiveSession"], Awaitable[bool]]
 
 
 class SessionStore:
@@ -290,6 +291,8 @@ class SessionStore:
         self._bg: set[asyncio.Task] = set()
         # (sid, token) -> a session rebuilt from the durable store, or None (set by the app)
         self.recover: Recover | None = None
+        # detached session -> whether the store holds a newer checkpoint of it (set by the app)
+        self.superseded: Superseded | None = None
 
     # ---- parking
     async def make_room(self, m: ModelEntry) -> bool:

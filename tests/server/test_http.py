@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ def sse_events(text: str) -> list:
 
 
 def test_health_ready_models(client):
-    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/healthz").json() == {"status": "ok", "pid": os.getpid()}
     ready = client.get("/readyz")
     assert ready.status_code == 200
     assert ready.json()["models"] == [LM_NAME, SPEECH_NAME]
