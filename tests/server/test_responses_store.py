@@ -17,7 +17,7 @@ from server.store import StoreLimits, open_store
 from tests.conftest import LM_NAME
 from tests.server.conftest import make_settings
 from tests.server.live import LiveServer
-from tests.server.store.conftest import REDIS_BIN, RedisProc, redis_proc  # noqa: F401 (fixture)
+from tests.server.store.conftest import REDIS_BIN, redis_proc  # noqa: F401 (fixture)
 
 SECRET = "s3cret-for-the-response-tests-0123456789"
 GREEDY = {"temperature": 0, "max_output_tokens": 8}
