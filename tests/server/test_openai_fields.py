@@ -210,7 +210,7 @@ def api(models_dir) -> Iterator[TestClient]:
 
 def _id(case) -> str:
     (path, _), extra, *_ = case
-    return f"{path.rsplit('/', 1)[-1]}-{'-'.join(extra)}"
+    return f"{path.removeprefix('/v1/').replace('/', '_')}-{'-'.join(extra)}"
 
 
 @pytest.mark.parametrize("case", REFUSED, ids=[_id(c) for c in REFUSED])
