@@ -72,7 +72,7 @@ Stop = str | list[str] | None
 
 
 def _neutral(value: Any) -> bool:
-    return value is None or value is False or value == [] or value == {} or value == 0
+    return value is None or value is False or value in ([], {}, 0, "")
 
 
 class OpenAIRequest(BaseModel):
@@ -108,29 +108,55 @@ class OpenAIRequest(BaseModel):
         "guided_json",
         "guided_regex",
         "guided_choice",
+        "guided_grammar",
+        "structured_outputs",
         "suffix",
+        "stop_token_ids",
+        "include_stop_str_in_output",
+        "continue_final_message",
+        "chat_template",
+        "chat_template_kwargs",
+        "length_penalty",
+        "truncate_prompt_tokens",
+        "allowed_token_ids",
+        "bad_words",
+        "logits_processors",
+        "prompt_logprobs",
+    )
+    # neutral values of refused fields other than None / False / 0 / "" / [] / {}
+    NEUTRAL: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "response_format": ({"type": "text"},),
+        "tool_choice": ("none", "auto"),
+        "modalities": (["text"],),
+        "best_of": (1,),
+        "add_generation_prompt": (True,),
+        "verbosity": ("medium",),
+        "n": (1,),
+    }
+    CHECKED: ClassVar[tuple[str, ...]] = (  # the fields of NEUTRAL this request kind checks
+        "response_format",
+        "tool_choice",
+        "modalities",
+        "best_of",
+        "add_generation_prompt",
+        "verbosity",
     )
 
     def check_supported(self) -> None:
         """Raise UnsupportedField for the first result-changing field that is not supported."""
         extra = self.model_extra or {}
+
+        def value(name: str) -> Any:
+            v = getattr(self, name, None) if name in type(self).model_fields else None
+            return extra.get(name) if v is None else v
+
         for name in self.REFUSED:
-            value = getattr(self, name, None) if name in type(self).model_fields else None
-            if value is None:
-                value = extra.get(name)
-            if not _neutral(value):
+            if not _neutral(value(name)):
                 raise UnsupportedField(name)
-        fmt = getattr(self, "response_format", None) or extra.get("response_format")
-        if fmt not in (None, {"type": "text"}):
-            raise UnsupportedField("response_format", "only {'type': 'text'}")
-        choice = extra.get("tool_choice")
-        if choice not in (None, "none", "auto"):
-            raise UnsupportedField("tool_choice", "no tools are available")
-        modalities = extra.get("modalities")
-        if modalities not in (None, ["text"]):
-            raise UnsupportedField("modalities", "only ['text']")
-        if extra.get("best_of") not in (None, 1):
-            raise UnsupportedField("best_of")
+        for name in self.CHECKED:
+            v, ok = value(name), self.NEUTRAL[name]
+            if v is not None and v not in ok:
+                raise UnsupportedField(name, "only " + " or ".join(repr(x) for x in ok))
         if extra.get("background") not in (None, False):
             raise UnsupportedField("background")
 
@@ -236,6 +262,8 @@ class ChatCompletionRequest(OpenAIRequest, PenaltyFields):
     store: bool | None = None  # accepted, no effect on the result
     parallel_tool_calls: bool | None = None  # meaningful only with tools
 
+    REFUSED = (*OpenAIRequest.REFUSED, "echo", "max_output_tokens")
+
     def check_supported(self) -> None:
         super().check_supported()
         if self.top_logprobs and not self.logprobs:
@@ -272,6 +300,15 @@ class CompletionRequest(OpenAIRequest, PenaltyFields):
     logprobs: int | None = Field(None, ge=0, le=5)  # OpenAI's limit for completions
     echo: bool = False
     stream_options: StreamOptions | None = None
+
+    # chat's names of what completions spells `logprobs: N` / `max_tokens`: never ignored
+    REFUSED = (*OpenAIRequest.REFUSED, "top_logprobs", "max_completion_tokens",
+               "max_output_tokens")  # fmt: skip
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.stream_options is not None and not self.stream:
+            raise UnsupportedField("stream_options", "only with stream: true")
 
     @field_validator("prompt")
     @classmethod
@@ -323,6 +360,7 @@ class TextFormat(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     format: dict[str, Any] | None = None
+    verbosity: str | None = None
 
 
 class ResponsesRequest(OpenAIRequest):
@@ -340,11 +378,31 @@ class ResponsesRequest(OpenAIRequest):
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
 
+    # not Responses API fields, but what a chat client might send: never silently ignored
+    # (`conversation` and `prompt` (a stored prompt template) are Responses fields not
+    # implemented here; `n` must stay 1: one output per response)
+    REFUSED = (
+        *OpenAIRequest.REFUSED,
+        "conversation",
+        "prompt",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "stop",
+        "max_tokens",
+        "max_completion_tokens",
+        "echo",
+    )
+    CHECKED = (*OpenAIRequest.CHECKED, "n")
+
     def check_supported(self) -> None:
         super().check_supported()
         fmt = self.text.format if self.text else None
         if fmt not in (None, {"type": "text"}):
             raise UnsupportedField("text.format", "only {'type': 'text'}")
+        if self.text is not None and self.text.verbosity not in (None, "medium"):
+            raise UnsupportedField("text.verbosity", "only 'medium'")
         if self.tool_choice not in (None, "none", "auto"):
             raise UnsupportedField("tool_choice", "no tools are available")
         other = [x for x in self.include or [] if x != LOGPROBS_INCLUDE]

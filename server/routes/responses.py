@@ -70,7 +70,7 @@ async def _turn(
                     blob = await ch.m.scheduler.snapshot(
                         sess.slot, lambda s=sess, b=body: stored.extra_of(s.pending, b)
                     )
-                    await stored.save(ctx, resp.id, blob)
+                    await stored.save(ctx, ch.m, resp.id, blob)
                 for e in st.closing(resp):
                     yield e
             case Failed():

@@ -6,22 +6,36 @@ last one; at most one) and the response object in the snapshot's extra. A follow
 (`previous_response_id`) restores it into a fresh slot and feeds `pending` + its own new input
 only, so a turn costs the same however long the conversation is.
 
-Where they live: `ctx.state_store` when the server has one (the durable state store), else
-one in-memory store per app bounded by `response_store_mb`; every entry expires after
-`response_ttl_s`. `response_store(ctx)` is the one place that picks it. Keys are the hex part
-of the response id ("resp_<32 hex>").
+Signed like every stored snapshot: `save` seals the snapshot in the app's HMAC envelope
+(`DLR_STATE_SECRET`; server/store/signing.py) bound to the response id and expiring after
+`response_ttl_s`; `load` verifies it (signature, model content hash, snapshot format, the
+id, expiry) before anything of it is read or restored. A blob that fails is refused like an
+unknown id (404), logged and counted (`dlr_state_store_failures_total{op="refused"}`).
+
+Where they live: the durable state store when it outlives the process (`DLR_STATE_STORE`
+`dir:` or `redis://`, shared with session checkpoints): stored responses then survive a
+restart and are seen by every replica with the same secret. With the in-process `memory`
+state store they go to one in-memory store per app bounded by `response_store_mb` instead.
+Every entry expires after `response_ttl_s`. `response_store(ctx)` is the one place that picks
+it. Keys are the hex part of the response id ("resp_<32 hex>").
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
+from dlr_runtime.engine import SNAPSHOT_VERSION, SnapshotError
 from dlr_runtime.engine.snapshot import read_header
 
 from ..context import AppContext
-from ..store import MemoryStore, StateStore, StoreLimits, check_id
+from ..registry import ModelEntry
+from ..store import EnvelopeError, MemoryStore, StateStore, StoreLimits, check_id
 from .choices import StartState
+from .restore import unseal
+
+log = logging.getLogger("dlr.responses")
 
 KEY = "response_object"  # the snapshot extra's key that marks a stored response (no `kind`:
 # `POST /v1/sessions` refuses such a blob as carrying no session)
@@ -29,9 +43,9 @@ KEY = "response_object"  # the snapshot extra's key that marks a stored response
 
 def response_store(ctx: AppContext) -> StateStore:
     """The store of this app's responses (created on first use when the app has none)."""
-    store = getattr(ctx, "state_store", None)
-    if store is not None:
-        return store
+    d = ctx.durable
+    if d is not None and d.checkpoints:  # dir: or redis://: outlives the process
+        return d.store
     mine = getattr(ctx, "_response_store", None)
     if mine is None:
         s = ctx.settings
@@ -59,9 +73,24 @@ class StoredResponse:
     start: StartState  # the state to continue from
 
 
-async def save(ctx: AppContext, response_id: str, blob: bytes) -> None:
+def seal(ctx: AppContext, m: ModelEntry, response_id: str, snapshot: bytes) -> bytes:
+    """The signed envelope of a response's snapshot (bound to its id, expiring with it)."""
+    if ctx.durable is None:
+        raise RuntimeError("the server is not ready (no state signer)")
+    return ctx.durable.signer.sign(
+        snapshot,
+        m.name,
+        m.engine.config_hash,
+        SNAPSHOT_VERSION,
+        ctx.settings.response_ttl_s,
+        response_id,
+    )
+
+
+async def save(ctx: AppContext, m: ModelEntry, response_id: str, snapshot: bytes) -> None:
     key = key_of(response_id)
     assert key is not None, response_id
+    blob = seal(ctx, m, response_id, snapshot)
     await response_store(ctx).put(key, blob, ttl_s=ctx.settings.response_ttl_s)
 
 
@@ -73,12 +102,18 @@ async def load(ctx: AppContext, response_id: str) -> StoredResponse | None:
     entry = await response_store(ctx).get(key)
     if entry is None:
         return None
-    header = read_header(entry.data)
-    extra = header.get("extra") or {}
-    if not isinstance(extra.get(KEY), dict):
+    try:
+        payload = unseal(ctx, entry.data, response_id).payload
+        header = read_header(payload)
+        extra = header.get("extra") or {}
+        if not isinstance(extra.get(KEY), dict):
+            raise SnapshotError("the snapshot holds no response object")
+        pending = [int(t) for t in extra.get("pending") or []]
+    except (EnvelopeError, SnapshotError, TypeError, ValueError) as e:
+        log.warning("stored response %s refused: %s", response_id, e)
+        ctx.metrics.store_failures.labels("refused").inc()
         return None
-    pending = [int(t) for t in extra.get("pending") or []]
-    return StoredResponse(header["model"], extra[KEY], StartState(entry.data, pending))
+    return StoredResponse(header["model"], extra[KEY], StartState(payload, pending))
 
 
 async def delete(ctx: AppContext, response_id: str) -> bool:
