@@ -6,7 +6,9 @@
 #   dlr-serve:cpu                    docker/Dockerfile on that base, pip offline from a wheelhouse
 # Then `docker compose -f compose.yaml -f compose.local.yaml up` runs offline.
 #   usage: docker/build-local.sh [--cuda]   (--cuda: also docker/Dockerfile.cuda on the Debian
-#          base, since nvidia/cuda cannot be pulled here; see README "GPU profile")
+#          base, since nvidia/cuda cannot be pulled here, and torch's CUDA build in both images;
+#          see README "GPU profile")
+# DLR_IMAGE_TORCH: the torch requirement of the images (default torch==2.13.0, the CPU-only wheel)
 # Caches: the wheelhouse in ${DLR_WHEEL_CACHE:-~/.cache/dlr-serve/wheelhouse} (filled with
 # `pip download` from the host's package index, hard-linked into docker/wheelhouse/, the build
 # context), the base image (built once), Docker's layer cache (a rerun without changes takes
@@ -15,6 +17,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cuda=0
 [ "${1:-}" = "--cuda" ] && cuda=1
+# --cuda: the wheelhouse (of both images) takes torch's CUDA build unless DLR_IMAGE_TORCH says
+if [ "$cuda" = 1 ]; then : "${DLR_IMAGE_TORCH:=torch==2.14.1}"; fi
 base=dlr-local/python:3.11-bookworm
 cache=${DLR_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dlr-serve/wheelhouse}
 t0=$(date +%s)
