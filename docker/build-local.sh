@@ -6,7 +6,9 @@
 #   dlr-serve:cpu                    docker/Dockerfile on that base, pip offline from a wheelhouse
 # Then `docker compose -f compose.yaml -f compose.local.yaml up` runs offline.
 #   usage: docker/build-local.sh [--cuda]   (--cuda: also docker/Dockerfile.cuda on the Debian
-#          base, since nvidia/cuda cannot be pulled here; see README "GPU profile")
+#          base, since nvidia/cuda cannot be pulled here, and torch's CUDA build in both images;
+#          see README "GPU profile")
+# DLR_IMAGE_TORCH: the torch requirement of the images (default torch==2.13.0, the CPU-only wheel)
 # Caches: the wheelhouse in ${DLR_WHEEL_CACHE:-~/.cache/dlr-serve/wheelhouse} (filled with
 # `pip download` from the host's package index, hard-linked into docker/wheelhouse/, the build
 # context), the base image (built once), Docker's layer cache (a rerun without changes takes
@@ -15,34 +17,42 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cuda=0
 [ "${1:-}" = "--cuda" ] && cuda=1
+# --cuda: the wheelhouse (of both images) takes torch's CUDA build unless DLR_IMAGE_TORCH says
+if [ "$cuda" = 1 ]; then : "${DLR_IMAGE_TORCH:=torch==2.14.1}"; fi
 base=dlr-local/python:3.11-bookworm
 cache=${DLR_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dlr-serve/wheelhouse}
 t0=$(date +%s)
 say() { echo "[build-local +$(($(date +%s) - t0))s] $*"; }
 
-# 1. the wheelhouse: every dependency of pyproject.toml (+ pip and the build backend), as wheels
+# 1. the wheelhouse: every dependency of pyproject.toml (+ pip and the build backend), as wheels.
+# torch: the image takes the CPU-only wheel (DLR_IMAGE_TORCH; pyproject's range allows it), not
+# the CUDA build with ~3 GB of nvidia-* wheels that the `train` extra pins for torchaudio.
 mkdir -p "$cache"
-reqs=$(python3 - <<'PY'
+reqs=$(DLR_IMAGE_TORCH=${DLR_IMAGE_TORCH:-torch==2.13.0} python3 - <<'PY'
+import os
 import tomllib
 
 with open("pyproject.toml", "rb") as f:
     p = tomllib.load(f)
+deps = [os.environ["DLR_IMAGE_TORCH"] if d.startswith("torch") and d[5:6] in "<>=!~ " else d
+        for d in p["project"]["dependencies"]]
 # async-timeout: redis needs it on Python < 3.11.3 (the image's bookworm 3.11.2), which a
 # newer host Python's pip does not download
 extra = ["pip>=24", "async-timeout>=4.0.3"]
-print("\n".join([*p["project"]["dependencies"], *p["build-system"]["requires"], *extra]))
+print("\n".join([*deps, *p["build-system"]["requires"], *extra]))
 PY
 )
 want=$(printf '%s\n' "$reqs" | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$cache/.stamp" 2>/dev/null)" != "$want" ]; then
   say "wheelhouse: pip download into $cache"
+  find "$cache" -maxdepth 1 -name '*.whl' -delete  # only what these requirements need
   printf '%s\n' "$reqs" >"$cache/requirements.txt"
   "${DLR_PIP:-.venv/bin/pip}" download -q --disable-pip-version-check -d "$cache" -r "$cache/requirements.txt" \
     2> >(grep -v "^WARNING: Location" >&2)
   echo "$want" >"$cache/.stamp"
 fi
 find docker/wheelhouse -name '*.whl' -delete
-# hard links when the cache is on the same file system (no copy of ~3 GB), else copies
+# hard links when the cache is on the same file system (no copy), else copies
 cp -l "$cache"/*.whl docker/wheelhouse/ 2>/dev/null || cp "$cache"/*.whl docker/wheelhouse/
 say "wheelhouse: $(find docker/wheelhouse -name '*.whl' | wc -l) wheels"
 

