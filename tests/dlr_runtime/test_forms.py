@@ -110,6 +110,7 @@ def long_case() -> tuple[DLRModel, torch.Tensor, torch.Tensor]:
     return model, x, reference_forward(model, x)
 
 
+@pytest.mark.slow
 def test_long_sequence_16k_float64(long_case) -> None:
     model, x, ref = long_case
     m64 = model.double()

@@ -32,6 +32,8 @@ from tests.server.test_hardening import (
 )
 from tests.server.wshelp import SPEECH, TEXT, s16, send_json
 
+pytestmark = pytest.mark.slow  # fuzzing: the slow lane
+
 MiB = 1 << 20
 
 

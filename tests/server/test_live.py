@@ -149,9 +149,14 @@ def test_batch_failure_fails_only_that_batch_and_server_keeps_serving(models_dir
                 ready = (await c.get("/readyz")).json()
                 return ok, failed, again, ready
 
-        ok, failed, again, ready = asyncio.run(main())
-        assert all(r.status_code == 500 for r in failed)
+        ok, results, again, ready = asyncio.run(main())
+        # the three usually share the failing batch; on a loaded machine one may miss it and
+        # land in the next batch, which must then be served normally
+        failed = [r for r in results if r.status_code == 500]
+        assert failed, [r.status_code for r in results]
         assert all("injected failure" in r.json()["error"]["message"] for r in failed)
+        served = [r.json() for r in results if r.status_code != 500]
+        assert all(r["text"] == ok["text"] for r in served), served
         assert again["text"] == ok["text"] and again["usage"] == ok["usage"]
         assert ready["sessions"] == 0
         assert srv.app.state.dlr.models[LM_NAME].engine.pool.in_use == 0
