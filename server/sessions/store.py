@@ -47,11 +47,12 @@ from starlette.requests import HTTPConnection
 from dlr_runtime.engine import PoolFullError, SnapshotError
 from dlr_runtime.engine.snapshot import read_header
 
+from ..admission import pool_full
 from ..context import AppContext
 from ..errors import Closed
 from ..registry import ModelEntry
 from ..settings import Settings
-from ..store import Evicted
+from ..store import EnvelopeError, Evicted
 from ..ws import Conn
 from .tokens import issue, new_secret, open_token, secret_hash
 
@@ -155,13 +156,47 @@ class LiveSession:
         if conn is not None and position and not self.closed:
             self.store.spawn(_send_quietly(conn, {"type": "checkpoint", **position}))
 
-    # ---- parking (text sessions between turns; see TextLive)
+    # ---- parking (text sessions between turns, idle speech streams; see TextLive, SpeechSession)
     def parkable(self) -> bool:
         return False
 
     async def park(self) -> bool:
         """Seal the state into the parked tier and free the slot; False when not now."""
         return False
+
+    async def parked_state(self) -> bytes:
+        """The engine snapshot a parked session left (with its identity fields)."""
+        d = self.store.ctx.durable
+        r = await d.load(self.sid) if d is not None else None
+        if r is None:
+            raise SnapshotError("the parked session state was lost")
+        try:
+            return d.unseal(r.data, self.m, self.sid).payload
+        except EnvelopeError as e:
+            raise SnapshotError(f"parked state refused: {e}") from None
+
+    async def parked_slot(self, conn: Conn | None) -> tuple[int, bytes]:
+        """For an unpark: a slot and the verified parked snapshot to restore into it (the
+        caller gives the slot back if that fails). No state: the session fails
+        (`state_lost`); no slot and none to free: it stays parked and the client is refused."""
+        d = self.store.ctx.durable
+        assert d is not None
+        r = await d.load(self.sid)
+        if r is None:
+            raise await self.fail(conn, "state_lost", "the parked session state was lost")
+        try:
+            payload = d.unseal(r.data, self.m, self.sid).payload
+        except EnvelopeError as e:
+            raise await self.fail(conn, "state_lost", f"parked state refused: {e}") from None
+        slot = await self.store.take_slot(self.m)
+        if slot is None:  # (the client may resume later)
+            await d.park(self.sid, r.data)
+            raise (
+                await conn.refuse(pool_full(self.store.ctx, self.m))
+                if conn
+                else Closed("overloaded")
+            )
+        return slot, payload
 
     def counted(self, delta: int) -> None:
         """A parked session holds no slot: it does not count against the session caps."""

@@ -11,7 +11,12 @@ new expiry) in its `ready`.
 `open_token(ctx, sid, token)` returns the secret of a valid token or raises `TokenRefused`
 whose `reason` names why (unsigned, malformed, truncated, bad_signature, wrong_model,
 wrong_session, wrong_version, expired, ...) and `status` is the HTTP answer (400/409/410).
-Without a durable context (unit tests of the session layer) tokens are plain hex secrets.
+
+Without `DLR_STATE_SECRET` the signer's secret is random and dies with the process, so a
+signature could not survive the SIGTERM drain and restart (`DLR_STATE_DIR`) that resume
+tokens always survived: such a server issues raw tokens (`dlrr1.` + the secret in hex: still
+unforgeable, only its hash is kept) and accepts raw and its own signed tokens. A server with
+the secret set refuses raw tokens (`unsigned`).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from ..registry import ModelEntry
 from ..store import EnvelopeError, Reason
 
 PREFIX = "dlrt1."
+RAW = "dlrr1."  # a token that is only the secret (servers without DLR_STATE_SECRET)
 TOKEN_VERSION = 0x10001  # the "state_version" of a token envelope (no snapshot format)
 SECRET_BYTES = 32
 MAX_TOKEN_CHARS = 1024
@@ -48,8 +54,8 @@ def secret_hash(secret: bytes) -> bytes:
 def issue(ctx: AppContext, m: ModelEntry, sid: str, secret: bytes) -> str:
     """The resume token of session `sid` (model `m`) holding `secret`."""
     d = ctx.durable
-    if d is None:
-        return secret.hex()
+    if d is None or d.signer.generated:
+        return RAW + secret.hex()
     ttl = ctx.settings.state_ttl_s or None
     blob = d.signer.sign(secret, m.name, m.engine.config_hash, TOKEN_VERSION, ttl, sid)
     return PREFIX + base64.urlsafe_b64encode(blob).rstrip(b"=").decode("ascii")
@@ -62,12 +68,17 @@ def open_token(ctx: AppContext, sid: object, token: object) -> bytes:
     if len(token) > MAX_TOKEN_CHARS:
         raise TokenRefused("too_large", f"the resume token is longer than {MAX_TOKEN_CHARS}")
     d = ctx.durable
-    if d is None:
+    if token.startswith(RAW):
+        if d is not None and not d.signer.generated:
+            raise TokenRefused("unsigned", "this server takes signed resume tokens only")
         try:
-            return bytes.fromhex(token)
+            secret = bytes.fromhex(token[len(RAW) :])
         except ValueError:
             raise TokenRefused("malformed", "the resume token is not hex") from None
-    if not token.startswith(PREFIX):
+        if len(secret) != SECRET_BYTES:
+            raise TokenRefused("malformed", "the resume token carries no session secret")
+        return secret
+    if d is None or not token.startswith(PREFIX):
         raise TokenRefused("unsigned", "the resume token is not a signed token of this server")
     body = token[len(PREFIX) :]
     try:

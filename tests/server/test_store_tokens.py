@@ -18,7 +18,7 @@ import websockets
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.sessions.tokens import PREFIX, TOKEN_VERSION, TokenRefused, issue, open_token
+from server.sessions.tokens import PREFIX, RAW, TOKEN_VERSION, TokenRefused, issue, open_token
 from server.store import StateSigner
 from tests.conftest import LM_NAME
 from tests.server.conftest import LiveServer, make_settings
@@ -154,3 +154,19 @@ def test_no_changed_character_opens(pos: int, ch: str) -> None:
         assert e.reason and 400 <= e.status < 500
     else:
         assert got == SECRET32
+
+
+def test_without_a_configured_secret_tokens_are_raw_and_a_signing_server_refuses_them() -> None:
+    """No DLR_STATE_SECRET: the random signer dies with the process, so tokens are the raw
+    secret (they survive a drain and restart); a server with a secret takes signed only."""
+    local = fake_ctx(["b" * 64])
+    local.durable.signer = StateSigner(bytes(32), generated=True)
+    raw = issue(local, local.models["m0"], SID, SECRET32)
+    assert raw.startswith(RAW) and open_token(local, SID, raw) == SECRET32
+    with pytest.raises(TokenRefused) as e:
+        open_token(CTX, SID, raw)
+    assert e.value.reason == "unsigned"
+    for bad in (RAW + "zz", RAW + "ab" * 8):
+        with pytest.raises(TokenRefused) as e:
+            open_token(local, SID, bad)
+        assert e.value.reason == "malformed"
