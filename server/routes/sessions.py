@@ -58,7 +58,7 @@ async def export_state(
     x_resume_token: str = Header(default="", max_length=1024),
 ) -> Response:
     try:
-        sess = store.verify(session_id, x_resume_token)
+        sess = store.verify(session_id, x_resume_token) if x_resume_token else None
     except TokenRefused as e:
         return _refused(e)
     if sess is None:
@@ -126,7 +126,7 @@ async def fork_session(
     x_resume_token: str = Header(default="", max_length=1024),
 ) -> Response:
     try:
-        sess = store.verify(session_id, x_resume_token)
+        sess = store.verify(session_id, x_resume_token) if x_resume_token else None
     except TokenRefused as e:
         return _refused(e)
     if sess is None:

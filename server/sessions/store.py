@@ -314,6 +314,7 @@ async def _send_quietly(conn: Conn, msg: dict[str, Any]) -> None:
         await conn.send(msg)
 
 
+ROOM_WAIT_S = 0.25  # a full model waits this long for a session to become parkable
 KEEP_STATE = ("drained", "parked")  # ends after which the stored state stays
 Recover = Callable[[str, str], Awaitable["LiveSession | None"]]
 
@@ -341,12 +342,20 @@ class SessionStore:
         else:
             self.holding.pop(sess.sid, None)
 
-    async def make_room(self, m: ModelEntry) -> bool:
-        """Park the longest-idle parkable session of model `m`; False when there is none."""
+    async def make_room(self, m: ModelEntry, wait_s: float = ROOM_WAIT_S) -> bool:
+        """Park the longest-idle parkable session of model `m`; False when there is none,
+        after waiting up to `wait_s` for one (a turn that just sent its `done` is busy for a
+        few ms more: its checkpoint is being taken)."""
+        deadline = time.monotonic() + wait_s
         while True:
             idle = [x for x in self.holding.values() if x.m is m and x.parkable()]
             if not idle:
-                return False
+                if time.monotonic() >= deadline or not any(
+                    x.m is m and x.kind == "text" and not x.parked for x in self.holding.values()
+                ):
+                    return False
+                await asyncio.sleep(0.01)
+                continue
             if await min(idle, key=lambda x: x.idle_since).park():
                 self.ctx.metrics.evictions.labels(m.name, "parked_for_room").inc()
                 return True
