@@ -180,7 +180,10 @@ def main() -> None:
     ap.add_argument("--parked", type=int, default=64)
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--failover-streams", type=int, default=6)
-    ap.add_argument("--kills", type=int, default=2)
+    ap.add_argument("--kills", type=int, default=3)
+    ap.add_argument(
+        "--phases", default="cost,parking,failover", help="comma-separated subset to run"
+    )
     ap.add_argument("--results", type=Path, default=None)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench_durable_"))
@@ -189,8 +192,9 @@ def main() -> None:
     out: list[str] = [f"Machine: {machine()}", ""]
     try:
         stores = {"memory": "memory", "dir": f"dir:{tmp / 'state'}", "redis": redis.url}
+        phases = set(args.phases.split(","))
         kw = dict(checkpoint_audio_s=args.checkpoint_audio_s, park_after_idle_s=0)
-        srvs = {k: server(v, tmp, k, **kw) for k, v in stores.items()}
+        srvs = {k: server(v, tmp, k, **kw) for k, v in stores.items()} if "cost" in phases else {}
         dec: dict[str, list[float]] = {k: [] for k in stores}
         aud: dict[str, list[float]] = {k: [] for k in stores}
         try:
@@ -203,52 +207,64 @@ def main() -> None:
         finally:
             for s in srvs.values():
                 s.kill()
-        rows = []
-        for k in stores:
-            d, a = float(np.median(dec[k])), float(np.median(aud[k]))
-            d0, a0 = float(np.median(dec["memory"])), float(np.median(aud["memory"]))
-            rows.append([k, d, d / d0, a, a / a0])
-        out += [
-            f"Checkpoint cost ({args.chats} chats x {args.turns} turns of "
-            f"{GEN['max_new_tokens']} tokens, a checkpoint per turn; {args.streams} streams x "
-            f"{args.stream_seconds:g} s as fast as possible, a checkpoint every "
-            f"{args.checkpoint_audio_s:g} s of audio; median of {args.rounds} interleaved rounds):",
-            "",
-            md_table(
-                ["store", "tokens/s", "ratio", "audio s / s", "ratio"],
-                rows,
-            ),
-            "",
-        ]
-        rows = []
-        for k in ("memory", "dir", "redis"):
-            s = server(stores[k], tmp, f"park-{k}", max_sessions=args.slots, park_after_idle_s=0)
-            try:
-                rows.append([k, *asyncio.run(parking(s.url, args.parked))])
-            finally:
-                s.kill()
-        out += [
-            f"Parking ({args.parked} chat sessions, {args.slots} slots per model; every second "
-            "turn restores a parked session and parks another):",
-            "",
-            md_table(
-                ["store", "unpark p50 s", "unpark p99 s", "sessions held", "stored", "bytes each"],
-                [[r[0], r[1], r[2], int(r[3]), int(r[4]), int(r[5])] for r in rows],
-            ),
-            "",
-        ]
-        with Replicas(
-            ROOT / "models", tmp, redis.url + "?prefix=fo", checkpoint_audio_s=args.checkpoint_audio_s,
-            partial_interval_ms=100, log_level="warning",
-        ) as rs:  # fmt: skip
-            gaps = asyncio.run(failover(rs, args.failover_streams, args.kills))
-        out += [
-            f"Failover ({args.failover_streams} real-time streams through HAProxy over 2 "
-            f"replicas on one Redis; {args.kills} SIGKILLs of a replica, then its restart): "
-            f"client-visible gap over {len(gaps)} resumed streams p50 {pct(gaps, 0.5):.2f} s, "
-            f"p99 {pct(gaps, 0.99):.2f} s (includes the client's 0.5 s reconnect backoff and "
-            "HAProxy's health check marking the replica down).",
-        ]
+        if srvs:
+            rows = []
+            for k in stores:
+                d, a = float(np.median(dec[k])), float(np.median(aud[k]))
+                d0, a0 = float(np.median(dec["memory"])), float(np.median(aud["memory"]))
+                rows.append([k, d, d / d0, a, a / a0])
+            out += [
+                f"Checkpoint cost ({args.chats} chats x {args.turns} turns of "
+                f"{GEN['max_new_tokens']} tokens, a checkpoint per turn; {args.streams} streams x "
+                f"{args.stream_seconds:g} s as fast as possible, a checkpoint every "
+                f"{args.checkpoint_audio_s:g} s of audio; median of {args.rounds} interleaved rounds):",
+                "",
+                md_table(
+                    ["store", "tokens/s", "ratio", "audio s / s", "ratio"],
+                    rows,
+                ),
+                "",
+            ]
+        if "parking" in phases:
+            rows = []
+            for k in ("memory", "dir", "redis"):
+                s = server(
+                    stores[k], tmp, f"park-{k}", max_sessions=args.slots, park_after_idle_s=0
+                )
+                try:
+                    rows.append([k, *asyncio.run(parking(s.url, args.parked))])
+                finally:
+                    s.kill()
+            out += [
+                f"Parking ({args.parked} chat sessions, {args.slots} slots per model; every second "
+                "turn restores a parked session and parks another):",
+                "",
+                md_table(
+                    [
+                        "store",
+                        "unpark p50 s",
+                        "unpark p99 s",
+                        "sessions held",
+                        "stored",
+                        "bytes each",
+                    ],
+                    [[r[0], r[1], r[2], int(r[3]), int(r[4]), int(r[5])] for r in rows],
+                ),
+                "",
+            ]
+        if "failover" in phases:
+            with Replicas(
+                ROOT / "models", tmp, redis.url + "?prefix=fo", checkpoint_audio_s=args.checkpoint_audio_s,
+                partial_interval_ms=100, log_level="warning",
+            ) as rs:  # fmt: skip
+                gaps = asyncio.run(failover(rs, args.failover_streams, args.kills))
+            out += [
+                f"Failover ({args.failover_streams} real-time streams through HAProxy over 2 "
+                f"replicas on one Redis; {args.kills} SIGKILLs of a replica, then its restart): "
+                f"client-visible gap over {len(gaps)} resumed streams p50 {pct(gaps, 0.5):.2f} s, "
+                f"p99 {pct(gaps, 0.99):.2f} s (includes the client's 0.5 s reconnect backoff and "
+                "HAProxy's health check marking the replica down).",
+            ]
     finally:
         redis.stop()
     text = "\n".join(out)

@@ -36,6 +36,7 @@ from ..errors import Closed, api_error
 from ..sessions.restore import NoCapacity, StateMismatch, restore_blob, unseal
 from ..sessions.store import LiveSession, SessionStore, StoreDep
 from ..sessions.text import ForkRefused, TextLive
+from ..sessions.tokens import TokenRefused
 from ..store import EnvelopeError, Reason
 
 CODES = {
@@ -54,9 +55,12 @@ router = APIRouter()
 async def export_state(
     session_id: str,
     store: StoreDep,
-    x_resume_token: str = Header(default="", max_length=256),
+    x_resume_token: str = Header(default="", max_length=1024),
 ) -> Response:
-    sess = store.verify(session_id, x_resume_token)
+    try:
+        sess = store.verify(session_id, x_resume_token) if x_resume_token else None
+    except TokenRefused as e:
+        return _refused(e)
     if sess is None:
         return _unknown()
     try:
@@ -119,9 +123,12 @@ async def import_state(request: Request, store: StoreDep) -> Response:
 async def fork_session(
     session_id: str,
     store: StoreDep,
-    x_resume_token: str = Header(default="", max_length=256),
+    x_resume_token: str = Header(default="", max_length=1024),
 ) -> Response:
-    sess = store.verify(session_id, x_resume_token)
+    try:
+        sess = store.verify(session_id, x_resume_token) if x_resume_token else None
+    except TokenRefused as e:
+        return _refused(e)
     if sess is None:
         return _unknown()
     if not isinstance(sess, TextLive):
@@ -141,6 +148,11 @@ async def fork_session(
         return api_error(409, str(e), e.code)
     store.ctx.metrics.resumes.labels(new.kind, "fork").inc()
     return _created(store, new, forked_from=sess.sid)
+
+
+def _refused(e: TokenRefused) -> Response:
+    """A token that is not a valid signed token of the session: 4xx naming the reason."""
+    return api_error(e.status, str(e), f"resume_token_{e.reason}", "X-Resume-Token")
 
 
 def _unknown() -> Response:

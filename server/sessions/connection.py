@@ -30,6 +30,7 @@ from ..errors import Closed, NoModelError, validation_message
 from ..registry import ModelEntry
 from ..ws import Conn
 from .store import LiveSession, ResumeMessage, SessionStore, owned_slot
+from .tokens import TokenRefused
 
 
 @dataclass(frozen=True)
@@ -114,20 +115,27 @@ async def start(store: SessionStore, conn: Conn, kind: SessionKind, msg: Any) ->
     except NoModelError as e:
         raise await conn.fail("unknown_model", str(e)) from None
     conn.model = m.name
-    if model_full(ctx, m):  # park an idle session rather than refuse
-        await store.make_room(m)
-    r = refusal(ctx, model=m)
-    if r is not None:
-        raise await conn.refuse(r)
-    try:
-        if not m.engine.pool.available:  # (a slot held by an HTTP generation or a stream)
-            await store.make_room(m)
-        async with owned_slot(m) as slot:
-            sess = store.register(await kind.create(store, m, slot, msg))
-    except PoolFullError:
-        raise await conn.refuse(pool_full(ctx, m)) from None
-    except ValueError as e:  # a start the session cannot honour (e.g. its sample rate)
-        raise await conn.fail("invalid_message", str(e)) from None
+    while True:  # the room parking made may go to a concurrent start: then park another
+        # park an idle session rather than refuse (the pool may also be full of slots held
+        # by HTTP generations or streams)
+        parked = False
+        if model_full(ctx, m) or not m.engine.pool.available:
+            parked = await store.make_room(m)
+        if parked and (model_full(ctx, m) or not m.engine.pool.available):
+            continue
+        r = refusal(ctx, model=m)
+        if r is not None:
+            raise await conn.refuse(r)
+        try:
+            async with owned_slot(m) as slot:
+                sess = store.register(await kind.create(store, m, slot, msg))
+        except PoolFullError:
+            if await store.make_room(m):
+                continue
+            raise await conn.refuse(pool_full(ctx, m)) from None
+        except ValueError as e:  # a start the session cannot honour (e.g. its sample rate)
+            raise await conn.fail("invalid_message", str(e)) from None
+        break
     sess.conn = conn  # attached before ready: a failed send below detaches or finishes it
     try:
         await conn.send(sess.ready())
@@ -148,7 +156,11 @@ async def resume(
         msg = ResumeMessage.model_validate(obj)
     except ValidationError as e:
         raise await conn.fail("invalid_message", validation_message(e)[1]) from None
-    sess = store.verify(msg.session_id, msg.resume_token)
+    try:
+        sess = store.verify(msg.session_id, msg.resume_token)
+    except TokenRefused as e:  # not a valid signed token of this session: say why
+        metrics.rejections.labels(f"resume_token_{e.reason}").inc()
+        raise await conn.fail("invalid_resume", str(e), reason=e.reason) from None
     stale = store.superseded
     if sess is not None and sess.conn is None and stale is not None and await stale(sess):
         await store.finish(sess, "superseded")  # another process moved it on: take the newer
@@ -170,6 +182,7 @@ async def resume(
             "type": "ready",
             "resumed": True,
             "session_id": sess.sid,
+            "resume_token": store.renewed_token(sess, msg.resume_token),
             "model": sess.m.name,
             "last_seq": sess.outbox.seq,
             "replay_from": last + 1,

@@ -23,6 +23,7 @@ from ..context import AppContext
 from ..store import EnvelopeError, Reason, StoreError, Verified, check_id
 from .kinds import CLASSES
 from .store import LiveSession, Outbox, SessionStore, hash_token, owned_slot
+from .tokens import TokenRefused
 
 log = logging.getLogger("dlr.server")
 
@@ -155,7 +156,11 @@ async def recover(store: SessionStore, sid: str, token: str) -> LiveSession | No
         log.warning("stored state of %s refused: %s", sid, e)
         ctx.metrics.store_failures.labels("refused").inc()
         return None
-    if len(expect) != 32 or not hmac.compare_digest(hash_token(str(token)), expect):
+    try:
+        digest = hash_token(ctx, sid, token)
+    except TokenRefused:
+        return None
+    if len(expect) != 32 or not hmac.compare_digest(digest, expect):
         return None
     if sid in store.live:  # restored meanwhile by a concurrent resume
         return store.verify(sid, token)

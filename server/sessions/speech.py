@@ -106,6 +106,7 @@ class SpeechSession(LiveSession):
         self.final_sent: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self.audio_lock = asyncio.Lock()  # one chunk at a time into the resampler; export waits
         self.checkpoint_at = bytes_received  # bytes_received of the last checkpoint taken
+        self.park_lock = asyncio.Lock()  # parking, unparking and pushing audio, one at a time
         self.pump: asyncio.Task | None = asyncio.get_running_loop().create_task(self._pump())
 
     @classmethod
@@ -246,13 +247,16 @@ class SpeechSession(LiveSession):
                 f"{queued:.1f} s of audio waiting with this frame exceeds "
                 f"max_queued_audio_s={settings.max_queued_audio_s:g}",
             )
-        try:
-            async with self.audio_lock:
-                await self.m.scheduler.push_audio(self.stream, torch.from_numpy(x))
-                self.bytes_received += len(data)
-            self.checkpoint_due()
-        except Exception as e:  # noqa: BLE001  (its resampling failed)
-            raise await self.fail(conn, "internal_error", str(e)) from None
+        async with self.park_lock:  # (a parked stream comes back into a slot first)
+            await self.unpark(conn)
+            try:
+                async with self.audio_lock:
+                    await self.m.scheduler.push_audio(self.stream, torch.from_numpy(x))
+                    self.bytes_received += len(data)
+                self.checkpoint_due()
+            except Exception as e:  # noqa: BLE001  (its resampling failed)
+                raise await self.fail(conn, "internal_error", str(e)) from None
+        self.idle_since = time.monotonic()
         if self.stream.buffered / self.rate > settings.backpressure_audio_s:
             await self._hold_back(conn)
         if self.closed:
@@ -280,12 +284,14 @@ class SpeechSession(LiveSession):
         is over) once it is delivered."""
         if self.ended:
             raise await self.fail(conn, "invalid_message", "end was already received")
-        self.ended = True
-        try:
-            async with self.audio_lock:
-                await self.m.scheduler.end_audio(self.stream)
-        except Exception as e:  # noqa: BLE001  (its resampling failed)
-            raise await self.fail(conn, "internal_error", str(e)) from None
+        async with self.park_lock:
+            await self.unpark(conn)
+            self.ended = True
+            try:
+                async with self.audio_lock:
+                    await self.m.scheduler.end_audio(self.stream)
+            except Exception as e:  # noqa: BLE001  (its resampling failed)
+                raise await self.fail(conn, "internal_error", str(e)) from None
         delivered = await self.final_sent
         if not delivered:  # the final waits in the outbox for a resume
             raise Closed("final_undelivered", by_client=True, code=1006)
@@ -310,6 +316,8 @@ class SpeechSession(LiveSession):
 
     # ------------------------------------------------------------------ state
     async def export(self, persist: bool = False) -> bytes:
+        if self.parked:
+            return await self.parked_state()
         if self.ended and not self.completed:
             raise SnapshotError("the stream is ending; export it before end or after final")
         s = self.stream
@@ -331,11 +339,12 @@ class SpeechSession(LiveSession):
         async with self.audio_lock:  # no chunk half-way through the resampler
             return await self.snapshot(s.slot, fields, persist, listener)
 
-    @classmethod
-    async def from_extra(
-        cls, store: SessionStore, m: ModelEntry, slot: int, extra: dict, **kw: Any
-    ) -> SpeechSession:
-        """Rebuild a session around a restored slot (ValueError when `extra` is malformed)."""
+    @staticmethod
+    async def stream_of(
+        store: SessionStore, m: ModelEntry, slot: int, extra: dict
+    ) -> tuple[SpeechStart, SpeechStream, torch.Tensor, int]:
+        """(start, a stream around the restored `slot`, its buffered audio, bytes received)
+        from a snapshot's extra (ValueError when it is malformed)."""
         start = SpeechStart.model_validate(extra["start"])
         resampler = await m.scheduler.run_sync(StreamResampler.from_state, extra["resampler"])
         if resampler.orig != start.sample_rate or resampler.new != m.engine.config.sample_rate:
@@ -345,18 +354,108 @@ class SpeechSession(LiveSession):
         consumed, nbytes = int(extra["consumed"]), int(extra["bytes_received"])
         if consumed < 0 or nbytes < 0:
             raise ValueError("negative stream position")
-        stream = m.scheduler.open_stream(slot, resampler)
-        stream.consumed = stream.received = consumed
+        listener = None
         if start.mode == "continuous":
             cfg = m.engine.config
-            stream.listener = Listener.restore(
+            listener = Listener.restore(
                 extra["listener"], list(cfg.labels), cfg.frame_stride, cfg.sample_rate
             )
+        stream = m.scheduler.open_stream(slot, resampler)
+        stream.consumed = stream.received = consumed
+        stream.listener = listener
+        return start, stream, buffered, nbytes
+
+    @classmethod
+    async def from_extra(
+        cls, store: SessionStore, m: ModelEntry, slot: int, extra: dict, **kw: Any
+    ) -> SpeechSession:
+        """Rebuild a session around a restored slot (ValueError when `extra` is malformed)."""
+        start, stream, buffered, nbytes = await cls.stream_of(store, m, slot, extra)
         sess = cls(store, m, start, stream, nbytes, **kw)
         m.scheduler.queue_audio(stream, buffered)
         return sess
 
+    # ------------------------------------------------------------------ parking
+    def parkable(self) -> bool:
+        """A stream whose client is gone (waiting for a resume), or idle past
+        `park_after_idle_s`, with nothing in flight; a connected stream that sent audio
+        recently is never pushed out for another session."""
+        if self.park_lock.locked() or not self._idle():
+            return False
+        after = self.settings.park_after_idle_s
+        return self.conn is None or (after > 0 and time.monotonic() - self.idle_since >= after)
+
+    def _idle(self) -> bool:
+        """Every received sample fed (only a partial frame waits), no result pending, no
+        push or end under way."""
+        s = self.stream
+        return not (
+            self.parked
+            or self.closed
+            or self.ended
+            or self.completed
+            or self.audio_lock.locked()
+            or s.buffered >= s.stride
+            or s.received != s.consumed + s.buffered
+            or not s.events.empty()
+            or self.consumed != s.consumed
+        )
+
+    async def park(self) -> bool:
+        """Seal the idle stream (state, resampler, listener, partial frame, outbox) into the
+        parked tier and free its slot; the next frame, `end` or export restores it."""
+        d = self.store.ctx.durable
+        if d is None or not self.parkable():
+            return False
+        async with self.park_lock:  # (no audio is pushed meanwhile: binary() waits)
+            if not self._idle():
+                return False
+            try:
+                blob = await self.export(persist=True)
+            except SnapshotError:
+                return False
+            if not self._idle():  # (a batch reported meanwhile, or the session ended)
+                return False
+            await d.park(self.sid, d.seal(self.m, blob, self.sid))
+            self.parked = True  # (before the awaits: a finish meanwhile frees no slot twice)
+            await self.stop_pump()
+            self.m.scheduler.drop_stream(self.stream)
+            await self.m.scheduler.close_slot(self.stream.slot)
+            self.counted(-1)
+        return True
+
+    async def unpark(self, conn: Conn | None) -> None:
+        """Bring a parked stream back into a slot (the caller holds `park_lock`)."""
+        if not self.parked:
+            return
+        d = self.store.ctx.durable
+        assert d is not None
+        t0 = time.perf_counter()
+        slot, payload = await self.parked_slot(conn)
+        m = self.m
+        stream = None
+        try:
+            extra = await m.scheduler.run_sync(m.engine.restore, slot, payload)
+            _, stream, buffered, _ = await self.stream_of(self.store, m, slot, extra)
+        except BaseException:
+            if stream is not None:
+                m.scheduler.drop_stream(stream)
+            m.scheduler.release(slot)
+            raise
+        self.stream, self.consumed = stream, stream.consumed
+        self.drained = asyncio.Event()
+        self.final_sent = asyncio.get_running_loop().create_future()
+        self.pump = asyncio.get_running_loop().create_task(self._pump())
+        m.scheduler.queue_audio(stream, buffered)
+        self.parked = False
+        self.counted(+1)
+        d.metrics.park_seconds.labels("unpark").observe(time.perf_counter() - t0)
+
     async def release(self) -> None:
+        if self.parked:  # (no slot, no pump: give back the count `park` took)
+            self.parked = False
+            self.counted(+1)
+            return
         await self.stop_pump()
         self.m.scheduler.drop_stream(self.stream)
         self.m.scheduler.release(self.stream.slot)

@@ -31,10 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import hmac
 import logging
-import secrets
 import time
 import uuid
 from collections import deque
@@ -49,18 +47,21 @@ from starlette.requests import HTTPConnection
 from dlr_runtime.engine import PoolFullError, SnapshotError
 from dlr_runtime.engine.snapshot import read_header
 
+from ..admission import pool_full
 from ..context import AppContext
 from ..errors import Closed
 from ..registry import ModelEntry
 from ..settings import Settings
-from ..store import Evicted
+from ..store import EnvelopeError, Evicted
 from ..ws import Conn
+from .tokens import issue, new_secret, open_token, secret_hash
 
 log = logging.getLogger("dlr.server")
 
 
-def hash_token(token: str) -> bytes:
-    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+def hash_token(ctx: AppContext, sid: object, token: object) -> bytes:
+    """The sha256 of the secret in a valid resume token of `sid` (TokenRefused otherwise)."""
+    return secret_hash(open_token(ctx, sid, token))
 
 
 class ResumeMessage(BaseModel):
@@ -68,7 +69,7 @@ class ResumeMessage(BaseModel):
 
     type: str
     session_id: str = Field(max_length=64)
-    resume_token: str = Field(max_length=256)
+    resume_token: str = Field(max_length=1024)  # (a signed token: sessions/tokens.py)
     last_seq: int | None = Field(None, ge=0)
 
 
@@ -112,9 +113,10 @@ class LiveSession:
         settings = store.ctx.settings
         self.sid = sid or uuid.uuid4().hex
         self.token: str | None = None  # given to the client once, never stored in clear
-        if token_hash is None:
-            self.token = secrets.token_urlsafe(32)
-            token_hash = hash_token(self.token)
+        if token_hash is None:  # (a signed token around a new secret: sessions/tokens.py)
+            secret = new_secret()
+            self.token = issue(store.ctx, m, self.sid, secret)
+            token_hash = secret_hash(secret)
         self.token_hash = token_hash
         self.outbox = outbox or Outbox(settings.resume_buffer_messages)
         self.sent_seq = sent_seq  # highest seq whose send succeeded
@@ -154,7 +156,7 @@ class LiveSession:
         if conn is not None and position and not self.closed:
             self.store.spawn(_send_quietly(conn, {"type": "checkpoint", **position}))
 
-    # ---- parking (text sessions between turns; see TextLive)
+    # ---- parking (text sessions between turns, idle speech streams; see TextLive, SpeechSession)
     def parkable(self) -> bool:
         return False
 
@@ -162,11 +164,46 @@ class LiveSession:
         """Seal the state into the parked tier and free the slot; False when not now."""
         return False
 
+    async def parked_state(self) -> bytes:
+        """The engine snapshot a parked session left (with its identity fields)."""
+        d = self.store.ctx.durable
+        r = await d.load(self.sid) if d is not None else None
+        if r is None:
+            raise SnapshotError("the parked session state was lost")
+        try:
+            return d.unseal(r.data, self.m, self.sid).payload
+        except EnvelopeError as e:
+            raise SnapshotError(f"parked state refused: {e}") from None
+
+    async def parked_slot(self, conn: Conn | None) -> tuple[int, bytes]:
+        """For an unpark: a slot and the verified parked snapshot to restore into it (the
+        caller gives the slot back if that fails). No state: the session fails
+        (`state_lost`); no slot and none to free: it stays parked and the client is refused."""
+        d = self.store.ctx.durable
+        assert d is not None
+        r = await d.load(self.sid)
+        if r is None:
+            raise await self.fail(conn, "state_lost", "the parked session state was lost")
+        try:
+            payload = d.unseal(r.data, self.m, self.sid).payload
+        except EnvelopeError as e:
+            raise await self.fail(conn, "state_lost", f"parked state refused: {e}") from None
+        slot = await self.store.take_slot(self.m)
+        if slot is None:  # (the client may resume later)
+            await d.park(self.sid, r.data)
+            raise (
+                await conn.refuse(pool_full(self.store.ctx, self.m))
+                if conn
+                else Closed("overloaded")
+            )
+        return slot, payload
+
     def counted(self, delta: int) -> None:
         """A parked session holds no slot: it does not count against the session caps."""
         self.m.sessions += delta
         self.store.ctx.sessions += delta
         self.store.ctx.metrics.parked_sessions.dec(delta)
+        self.store.slotted(self, delta > 0)
 
     def resync(self, client_seq: int) -> None:
         """The client saw messages up to `client_seq`, past this (restored) outbox: a session
@@ -277,6 +314,7 @@ async def _send_quietly(conn: Conn, msg: dict[str, Any]) -> None:
         await conn.send(msg)
 
 
+ROOM_WAIT_S = 0.25  # a full model waits this long for a session to become parkable
 KEEP_STATE = ("drained", "parked", "superseded")  # ends after which the stored state stays
 Recover = Callable[[str, str], Awaitable["LiveSession | None"]]
 Superseded = Callable[["LiveSession"], Awaitable[bool]]
@@ -288,6 +326,11 @@ class SessionStore:
     def __init__(self, ctx: AppContext) -> None:
         self.ctx = ctx
         self.live: dict[str, LiveSession] = {}
+        # the live sessions that hold a slot (not parked): parking scans only these, so a
+        # server holding 100k parked sessions picks one to park in O(slots), not O(sessions)
+        self.holding: dict[str, LiveSession] = {}
+        # detached sessions by client address (the per-client cap counts only these)
+        self._detached: dict[str, dict[str, LiveSession]] = {}
         self._bg: set[asyncio.Task] = set()
         # (sid, token) -> a session rebuilt from the durable store, or None (set by the app)
         self.recover: Recover | None = None
@@ -295,12 +338,27 @@ class SessionStore:
         self.superseded: Superseded | None = None
 
     # ---- parking
-    async def make_room(self, m: ModelEntry) -> bool:
-        """Park the longest-idle parkable session of model `m`; False when there is none."""
+    def slotted(self, sess: LiveSession, holds: bool) -> None:
+        """`sess` took a slot again (`holds`) or was parked (its slot freed)."""
+        if holds and sess.sid in self.live:
+            self.holding[sess.sid] = sess
+        else:
+            self.holding.pop(sess.sid, None)
+
+    async def make_room(self, m: ModelEntry, wait_s: float = ROOM_WAIT_S) -> bool:
+        """Park the longest-idle parkable session of model `m`; False when there is none,
+        after waiting up to `wait_s` for one (a turn that just sent its `done` is busy for a
+        few ms more: its checkpoint is being taken)."""
+        deadline = time.monotonic() + wait_s
         while True:
-            idle = [x for x in self.live.values() if x.m is m and x.parkable()]
+            idle = [x for x in self.holding.values() if x.m is m and x.parkable()]
             if not idle:
-                return False
+                if time.monotonic() >= deadline or not any(
+                    x.m is m and x.kind == "text" and not x.parked for x in self.holding.values()
+                ):
+                    return False
+                await asyncio.sleep(0.01)
+                continue
             if await min(idle, key=lambda x: x.idle_since).park():
                 self.ctx.metrics.evictions.labels(m.name, "parked_for_room").inc()
                 return True
@@ -320,7 +378,7 @@ class SessionStore:
         while True:
             await asyncio.sleep(every_s)
             now = time.monotonic()
-            for sess in list(self.live.values()):
+            for sess in list(self.holding.values()):
                 if sess.parkable() and now - sess.idle_since >= after:
                     with contextlib.suppress(Exception):
                         if await sess.park():
@@ -348,14 +406,23 @@ class SessionStore:
         """Count and keep a new session: from here on it owns its slot (`finish` frees it)."""
         self.ctx.session_started(sess.m, sess.kind, sess.sid)
         self.live[sess.sid] = sess
+        self.holding[sess.sid] = sess
         return sess
 
     def verify(self, sid: Any, token: Any) -> LiveSession | None:
-        """The session with this id if `token` is its resume token (constant-time check)."""
-        sess = self.live.get(sid) if isinstance(sid, str) else None
+        """The session with this id if `token` is its resume token (constant-time check);
+        None when no such session is here. Raises TokenRefused (its `reason`: unsigned,
+        bad_signature, wrong_model, wrong_session, expired, ...) for a token that is not a
+        valid signed token of `sid`."""
+        digest = hash_token(self.ctx, sid, token)
+        sess = self.live.get(sid)
         expect = sess.token_hash if sess is not None else b"\0" * 32
-        ok = hmac.compare_digest(hash_token(token if isinstance(token, str) else ""), expect)
+        ok = hmac.compare_digest(digest, expect)
         return sess if sess is not None and ok and not sess.closed else None
+
+    def renewed_token(self, sess: LiveSession, token: str) -> str:
+        """A fresh token (new expiry) around the secret of `token`, already verified."""
+        return issue(self.ctx, sess.m, sess.sid, open_token(self.ctx, sess.sid, token))
 
     def spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -378,6 +445,7 @@ class SessionStore:
         sess.detached_from = client.host if client is not None else ""
         self.ctx.metrics.detached.inc()
         sess._expiry = asyncio.get_running_loop().create_task(self._expire(sess, grace))
+        self._detached.setdefault(sess.detached_from, {})[sess.sid] = sess
         self._cap_detached(sess.detached_from)
 
     def _cap_detached(self, client: str) -> None:
@@ -389,8 +457,8 @@ class SessionStore:
             return
         mine = [
             x
-            for x in self.live.values()
-            if x.detached_since is not None and x.detached_from == client and not x.closed
+            for x in self._detached.get(client, {}).values()
+            if x.detached_since is not None and not x.closed
         ]
         mine.sort(key=lambda x: x.detached_since or 0.0)
         for old in mine[: max(0, len(mine) - cap)]:
@@ -410,6 +478,11 @@ class SessionStore:
         if sess.detached_since is not None:
             sess.detached_since = None
             self.ctx.metrics.detached.dec()
+            mine = self._detached.get(sess.detached_from)
+            if mine is not None:
+                mine.pop(sess.sid, None)
+                if not mine:
+                    del self._detached[sess.detached_from]
 
     async def attach(self, sess: LiveSession, conn: Conn, last_seq: int) -> None:
         """Give the session a new connection; re-send the kept messages after `last_seq`."""
@@ -434,6 +507,7 @@ class SessionStore:
             return
         sess.closed = True
         self.live.pop(sess.sid, None)
+        self.holding.pop(sess.sid, None)
         self._undetach(sess)
         sess.conn = None
         if self.ctx.durable is not None and reason not in KEEP_STATE:

@@ -21,11 +21,9 @@ from dlr_runtime.engine.slot_state import copy_state
 
 from ..admission import Refusal, pool_full, refusal
 from ..context import AppContext
-from ..errors import Closed
 from ..events import Done, Failed, GenEvent, Token
 from ..protocol import SamplingFields, TextAppend, TextFork, TextGenerate, TextStart
 from ..registry import ModelEntry
-from ..store import EnvelopeError
 from ..work import BatchError, Generation, TextSession
 from ..ws import Conn
 from .store import LiveSession, SessionStore, owned_slot
@@ -272,17 +270,6 @@ class TextLive(LiveSession):
             self.counted(-1)
         return True
 
-    async def parked_state(self) -> bytes:
-        """The engine snapshot a parked session left (with its identity fields)."""
-        d = self.store.ctx.durable
-        r = await d.load(self.sid) if d is not None else None
-        if r is None:
-            raise SnapshotError("the parked session state was lost")
-        try:
-            return d.unseal(r.data, self.m, self.sid).payload
-        except EnvelopeError as e:
-            raise SnapshotError(f"parked state refused: {e}") from None
-
     def parkable_now(self) -> bool:
         return not (self.parked or self.closed or self.g is not None or self.text.inflight)
 
@@ -293,18 +280,8 @@ class TextLive(LiveSession):
         d = self.store.ctx.durable
         assert d is not None
         t0 = time.perf_counter()
-        r = await d.load(self.sid)
-        if r is None:
-            raise await self.fail(conn, "state_lost", "the parked session state was lost")
-        try:
-            payload = d.unseal(r.data, self.m, self.sid).payload
-        except EnvelopeError as e:
-            raise await self.fail(conn, "state_lost", f"parked state refused: {e}") from None
+        slot, payload = await self.parked_slot(conn)
         m = self.m
-        slot = await self.store.take_slot(m)
-        if slot is None:  # no slot and none to free: stays parked, the client may resume
-            await d.park(self.sid, r.data)
-            raise await conn.refuse(pool_full(self.store.ctx, m)) if conn else Closed("overloaded")
         try:
             extra = await m.scheduler.run_sync(m.engine.restore, slot, payload)
             self.text = text_state(m, slot, extra)

@@ -83,13 +83,14 @@ class LruIndex:
     ) -> list[Evicted]:
         """Pop least recently used entries (never those in `keep`) until within the quotas."""
         out: list[Evicted] = []
-        for key in list(self._od):
+        while True:  # O(evicted + len(keep)) per call, whatever the number of entries
             n_over = max_entries is not None and len(self._od) > max_entries
             b_over = max_bytes is not None and self.bytes > max_bytes
             if not (n_over or b_over):
                 break
-            if key in keep:
-                continue
+            key = next((k for k in self._od if k not in keep), None)
+            if key is None:
+                break
             info = self.pop(key)
             reason = EvictReason.MAX_ENTRIES if n_over else EvictReason.MAX_BYTES
             out.append(Evicted(key, info.nbytes, reason))

@@ -110,6 +110,7 @@ def test_redis_down_is_degraded_not_unready_then_drains(when, models_dir, tmp_pa
                     text = await text_collect_turn(ws)  # (its checkpoint fails)
                     await eventually(lambda: d.writer.degraded, timeout=20)
                     down = await h.get(srv.http + "/readyz")
+                    failed = await h.get(srv.http + "/metrics")  # (the failures are counted)
                     ws2, _ = await text_start(srv.ws)  # a new session needs no store either
                     text2 = await text_collect_turn(ws2)
                     redis.start()
@@ -120,14 +121,17 @@ def test_redis_down_is_degraded_not_unready_then_drains(when, models_dir, tmp_pa
                 await reader.close()
                 await ws.close()
                 await ws2.close()
-                return down, text, text2, up, entry
+                return down, text, text2, up, entry, failed.text
 
-            down, text, text2, up, entry = asyncio.run(main())
+            down, text, text2, up, entry, failed = asyncio.run(main())
             extra = read_header(unseal(st, entry.data).payload)["extra"]
     finally:
         redis.stop()
     assert down.status_code == 200 and down.json()["degraded"] is True
     assert "unavailable" in down.json()["degraded_reason"]
+    assert "dlr_state_store_degraded 1.0" in failed
+    calls = [ln for ln in failed.splitlines() if ln.startswith("dlr_state_store_failed_calls ")]
+    assert calls and float(calls[0].split()[1]) >= 1
     assert text and text2  # live and new sessions generated while the store was down
     assert up.json()["degraded"] is False
     assert extra["messages_received"] == (4 if when == "mid_load" else 2)

@@ -2,7 +2,8 @@
 speech streams and chat sessions spread over both; one replica SIGKILLed mid-stream; every
 client resumes through HAProxy on the other (the clients' own auto-resume) with outputs equal
 to an uninterrupted run; then a rolling restart of both replicas, one after the other, loses
-no session."""
+no session: the chats and a 150 s speech stream that lives through the kill and both restarts
+(its final equals an uninterrupted run)."""
 
 from __future__ import annotations
 
@@ -19,13 +20,14 @@ SCORE_TOL = 1e-5  # complex64 state: float32 rounding differs with chunking and 
 GEN = {"max_new_tokens": 30, "temperature": 0.8, "seed": 5}
 TURNS = ["Once upon a time", " and then", " so", " at last", " the end"]
 CLIENT = {"resume_timeout": 90, "max_reconnects": 10}
+LONG_S = 150.0  # a speech stream that outlives the kill and both rolling restarts
 
 
-def tone(seconds: float, seed: int) -> list[np.ndarray]:
+def tone(seconds: float, seed: int, parts: int = 40) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     t = np.arange(int(16000 * seconds)) / 16000
     x = 0.3 * np.sin(2 * np.pi * (180 + 60 * seed) * t) + 0.05 * rng.standard_normal(t.size)
-    return np.array_split(x.astype(np.float32), 40)
+    return np.array_split(x.astype(np.float32), parts)
 
 
 async def speech_ref(url: str, chunks) -> list:
@@ -38,19 +40,20 @@ async def chat_ref(url: str, i: int) -> list[str]:
         return [(await chat.say(f"{t} {i}", **GEN)).text for t in TURNS]
 
 
-@pytest.mark.slow  # three dlr-serve starts, Redis, HAProxy, a minute of traffic
+@pytest.mark.slow  # five dlr-serve starts, Redis, HAProxy, 2.5 minutes of traffic
 def test_failover_and_rolling_restart_through_haproxy(models_dir, tmp_path, redis_proc):  # noqa: F811
     if HAPROXY_BIN is None:
         pytest.skip("haproxy is not installed (scripts/setup.sh installs it)")
     clips = [tone(6.0, s) for s in range(2)]
+    long_clip = tone(LONG_S, 7, parts=int(LONG_S * 5))  # lasts through the rolling restart
     with Replicas(models_dir, tmp_path, redis_proc.url, checkpoint_audio_s=0.5) as rs:
 
         async def references():
             sp = [await speech_ref(rs.url(0), c) for c in clips]
             ch = [await chat_ref(rs.url(0), i) for i in range(2)]
-            return sp, ch
+            return sp, ch, await speech_ref(rs.url(0), long_clip)
 
-        ref_speech, ref_chat = asyncio.run(references())
+        ref_speech, ref_chat, ref_long = asyncio.run(references())
         spread: list[int] = []
 
         async def traffic():
@@ -59,6 +62,7 @@ def test_failover_and_rolling_restart_through_haproxy(models_dir, tmp_path, redi
             killed = asyncio.Event()
             rolled = [asyncio.Event() for _ in range(2)]
             turn_done = [[asyncio.Event() for _ in range(2)] for _ in TURNS]
+            rolled_back = asyncio.Event()  # both replicas restarted
 
             async def speech(k: int):
                 async with AsyncSpeechClient(rs.lb, **CLIENT) as c:
@@ -68,6 +72,11 @@ def test_failover_and_rolling_restart_through_haproxy(models_dir, tmp_path, redi
                         if r.audio_ms >= 1500:
                             heard[k].set()
                     return out, c.reconnects
+
+            async def long_speech():
+                async with AsyncSpeechClient(rs.lb, **CLIENT) as c:
+                    out = [r async for r in c.stream(long_clip, sample_rate=16000, realtime=True)]
+                    return out, c.reconnects, rolled_back.is_set()
 
             async def chat(i: int):
                 async with AsyncChatSession(rs.lb, **CLIENT) as ch:
@@ -100,11 +109,14 @@ def test_failover_and_rolling_restart_through_haproxy(models_dir, tmp_path, redi
                         await turn_done[j + 2][i].wait()
                     await asyncio.to_thread(rs.restart, victim)
                     await asyncio.to_thread(rs.wait_up, victim)
+                rolled_back.set()
 
-            res = await asyncio.gather(*(speech(k) for k in range(2)), chat(0), chat(1), operator())
-            return res[:2], res[2:4]
+            res = await asyncio.gather(
+                *(speech(k) for k in range(2)), chat(0), chat(1), operator(), long_speech()
+            )
+            return res[:2], res[2:4], res[5]
 
-        speech_out, chat_out = asyncio.run(traffic())
+        speech_out, chat_out, long_out = asyncio.run(traffic())
         logs = rs.log(0) + rs.log(1)
     assert min(spread) >= 1, spread  # both replicas had live sessions when r1 was killed
     for (out, _), ref in zip(speech_out, ref_speech, strict=True):
@@ -118,3 +130,8 @@ def test_failover_and_rolling_restart_through_haproxy(models_dir, tmp_path, redi
         assert texts == ref
         assert reconnects >= 2  # both rolling restarts moved it (and the kill, if it was on r1)
     assert "recovered session" in logs
+    out, reconnects, rolled_first = long_out  # the stream through the kill and the rolling restart
+    assert rolled_first and reconnects >= 2
+    assert out[-1].is_final and out[-1].label == ref_long[-1].label
+    assert out[-1].score == pytest.approx(ref_long[-1].score, abs=SCORE_TOL)
+    assert out[-1].audio_ms == pytest.approx(ref_long[-1].audio_ms, abs=1.0)

@@ -255,7 +255,7 @@ def test_export_import_between_servers(srv, models_dir, tmp_path):
     expect, got, model, kind = out["text"]
     assert got == expect and model == LM_NAME and kind == "text"
     for key, status, code in (
-        ("wrong_token", 404, "session_not_found"),
+        ("wrong_token", 400, "resume_token_unsigned"),  # (not a signed token)
         ("tampered", 400, "invalid_state"),
         ("garbage", 400, "invalid_state"),
         ("other_secret", 400, "invalid_state"),
