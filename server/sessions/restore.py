@@ -120,14 +120,16 @@ async def superseded(store: SessionStore, sess: LiveSession) -> bool:
     process sharing the store (another worker or replica) recovered the session and moved it
     on while this one still held it detached. Resuming the local copy would lose that work."""
     ctx = store.ctx
-    if (
-        ctx.durable is None
-        or not sess.position_keys
-        or (r := await ctx.durable.load(sess.sid)) is None
-    ):
+    if ctx.durable is None or not sess.position_keys:
+        return False
+    try:  # the shared store only: this process's parked RAM copy is its own (and load() takes it)
+        e = await ctx.durable.store.get(sess.sid)
+    except StoreError:
+        return False  # (store down: resume what is here, as without a store)
+    if e is None:
         return False
     try:
-        extra = read_header(unseal(ctx, r.data, sess.sid).payload).get("extra") or {}
+        extra = read_header(unseal(ctx, e.data, sess.sid).payload).get("extra") or {}
     except (EnvelopeError, SnapshotError, ValueError):
         return False  # (an unreadable stored copy never replaces a live one)
     here = sess.resume_info()
