@@ -57,12 +57,9 @@ async def export_state(
     store: StoreDep,
     x_resume_token: str = Header(default="", max_length=1024),
 ) -> Response:
-    try:
-        sess = store.verify(session_id, x_resume_token) if x_resume_token else None
-    except TokenRefused as e:
-        return _refused(e)
-    if sess is None:
-        return _unknown()
+    sess = _verified(store, session_id, x_resume_token)
+    if isinstance(sess, Response):
+        return sess
     try:
         blob = await sess.export()
     except SnapshotError as e:
@@ -125,12 +122,9 @@ async def fork_session(
     store: StoreDep,
     x_resume_token: str = Header(default="", max_length=1024),
 ) -> Response:
-    try:
-        sess = store.verify(session_id, x_resume_token) if x_resume_token else None
-    except TokenRefused as e:
-        return _refused(e)
-    if sess is None:
-        return _unknown()
+    sess = _verified(store, session_id, x_resume_token)
+    if isinstance(sess, Response):
+        return sess
     if not isinstance(sess, TextLive):
         return api_error(409, "only text sessions can be forked", "not_forkable")
     await sess.wait_turn()
@@ -148,6 +142,15 @@ async def fork_session(
         return api_error(409, str(e), e.code)
     store.ctx.metrics.resumes.labels(new.kind, "fork").inc()
     return _created(store, new, forked_from=sess.sid)
+
+
+def _verified(store: SessionStore, sid: str, token: str) -> LiveSession | Response:
+    """The session `token` opens, or the 4xx response saying why not."""
+    try:
+        sess = store.verify(sid, token) if token else None
+    except TokenRefused as e:
+        return _refused(e)
+    return _unknown() if sess is None else sess
 
 
 def _refused(e: TokenRefused) -> Response:
