@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 # haproxy (load balancer of the replica tests; checks docker/haproxy/haproxy.cfg), redis-server
 # (the Redis state store; tests start their own on a free 127.0.0.1 port), flite, festival and its
 # English voices, ffmpeg (the multi-synthesizer speech corpus of training/data).
-apt_pkgs="espeak-ng sox chromium chromium-driver docker-compose prometheus docker.io debootstrap haproxy redis-server flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts ffmpeg"
+apt_pkgs="espeak-ng sox chromium chromium-driver docker-compose prometheus docker.io debootstrap haproxy redis-server flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts festvox-ca-ona-hts festvox-czech-dita festvox-czech-krb festvox-czech-machac festvox-czech-ph festvox-suopuhe-lj festvox-suopuhe-mv festvox-italp16k festvox-itapc16k festvox-ru ffmpeg"
 missing=""
 for p in $apt_pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if command -v apt-get >/dev/null 2>&1 && [ -n "$missing" ]; then

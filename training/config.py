@@ -38,6 +38,7 @@ class TrainConfig:
     save_every: int = 200  # also save a resumable state every this many steps (0: epoch ends)
     log_every: int = 10  # write a training metrics line every this many steps
     resume: bool = False  # continue from <out_dir>/last if it exists
+    init_from: str = ""  # start from this model directory's weights (same shapes); not resumed
     progress: bool = True  # tqdm progress bar
 
     def validate(self) -> None:

@@ -173,10 +173,16 @@ class Trainer:
             log.truncate_after(progress.step)
             if ctx.is_main:
                 print(f"resumed from {last} at step {progress.step} (epoch {progress.epoch})")
-        elif ctx.is_main:
-            self.out.mkdir(parents=True, exist_ok=True)
-            if log.path.exists():
-                log.path.unlink()
+        else:
+            if cfg.init_from:  # fine-tuning: weights only, a fresh optimiser and schedule
+                src = Path(cfg.init_from) / "model.safetensors"
+                model.load_state_dict(load_file(src, device=str(device)))
+                if ctx.is_main:
+                    print(f"initialised from {src}")
+            if ctx.is_main:
+                self.out.mkdir(parents=True, exist_ok=True)
+                if log.path.exists():
+                    log.path.unlink()
         if ctx.is_main:
             (self.out / "run.json").write_text(json.dumps(info, indent=1))
         train_model: nn.Module = model

@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from training.data.corpus import CorpusConfig, all_tts_voices, generate, render_items, voice_items
-from training.data.engines import FESTIVAL_VOICES, FLITE_VOICES, TTSVoice
+from training.data.engines import (
+    FESTIVAL_ACCENTED,
+    FESTIVAL_VOICES,
+    FLITE_VOICES,
+    RESPELL,
+    TTSVoice,
+    engine_text,
+)
 from training.data.labels import SC10_LABELS
 from training.data.sc12 import IGNORE, SIL, UNK, KWSWindows, WindowConfig, WordPool, clip_windows
 from training.data.splits import PRESETS, check_disjoint, split_voices
@@ -73,6 +80,42 @@ def test_shared_speakers_stay_together():
             assert all(w.key in test_voices for w in voices if w.name.endswith("+" + variant))
 
 
+def test_accented_voices_are_speakers_of_their_own_in_every_split():
+    voices = all_tts_voices(CorpusConfig())
+    accented = [v for v in voices if v.lang != "en"]
+    assert (
+        sorted(accented) == sorted(FESTIVAL_ACCENTED) and len({v.speaker for v in accented}) == 10
+    )
+    final = split_voices(voices, "final")
+    where = {v.key: name for name, vs in final.items() for v in vs}
+    assert where["festival:lp_diphone"] == "test" and where["festival:czech_ph"] == "valid"
+    assert sum(where[v.key] == "train" for v in accented) == 8
+    # leaving festival out leaves out its accented voices too
+    assert all(v.lang == "en" for vs in split_voices(voices, "loso-festival").values()
+               for v in vs if v.engine != "festival")  # fmt: skip
+
+
+def test_accented_voices_read_commands_respelled_and_other_words_as_written():
+    it, ru = FESTIVAL_ACCENTED[7], FESTIVAL_ACCENTED[9]
+    assert (it.lang, ru.lang) == ("it", "ru")
+    for lang, table in RESPELL.items():
+        assert sorted(table) == sorted(SC10_LABELS), lang
+    assert engine_text(it, "right") == "rait" and engine_text(it, "garden") == "garden"
+    assert engine_text(ru, "stop") == "стоп" and engine_text(ru, "cat") == "кат"
+    assert engine_text(FESTIVAL_VOICES[1], "right") == "right"  # English voices read the word
+    # what a voice reads is part of its cache key: changing a respelling re-renders it
+    from training.data import corpus
+
+    key = corpus.cache_key(CorpusConfig(), it) if shutil.which("festival") else None
+    if key is not None:
+        old = RESPELL["it"]["right"]
+        RESPELL["it"]["right"] = "rajt"
+        try:
+            assert corpus.cache_key(CorpusConfig(), it) != key
+        finally:
+            RESPELL["it"]["right"] = old
+
+
 def test_voice_items_are_deterministic_from_the_seed():
     cfg = CorpusConfig()
     v = TTSVoice("espeak", "en-us+f2", "espeak-f2")
@@ -90,6 +133,8 @@ def test_voice_items_are_deterministic_from_the_seed():
         pytest.param(TTSVoice("espeak", "en-gb+m3", "espeak-m3"), marks=needs["espeak"]),
         pytest.param(FLITE_VOICES[2], marks=needs["flite"]),
         pytest.param(FESTIVAL_VOICES[1], marks=needs["festival"]),
+        pytest.param(FESTIVAL_ACCENTED[1], marks=needs["festival"]),  # czech_dita
+        pytest.param(FESTIVAL_ACCENTED[9], marks=needs["festival"]),  # Russian, Cyrillic text
     ],
 )
 def test_rendering_is_deterministic(voice):

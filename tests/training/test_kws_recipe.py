@@ -63,3 +63,16 @@ def test_kws_train_resume_and_eval(tmp_path: Path) -> None:
     assert (out / "model" / "eval" / "det.png").is_file()
     point = load_checkpoint(out / "model").checkpoint_metadata["detection"]
     assert point == res["streams"]["operating_point"]
+
+    # --init-from: a fine-tuning run starts from the trained weights (a ~zero learning rate
+    # keeps them), where a fresh run of the same seed does not
+    tuned = tmp_path / "tuned"
+    still = ["--steps", "1", "--lr", "1e-12", "--ssm-lr", "1e-12"]
+    argv_t = [a if a != str(out) else str(tuned) for a in argv]
+    assert main([*argv_t, *still, "--init-from", str(out / "model")]) == 0
+    src = load_checkpoint(out / "model").state_dict()
+    got = load_checkpoint(tuned / "model").state_dict()
+    assert all(torch.allclose(src[k], got[k], atol=1e-6) for k in src)
+    assert main([*argv_t, *still]) == 0
+    fresh = load_checkpoint(tuned / "model").state_dict()
+    assert not all(torch.allclose(src[k], fresh[k], atol=1e-6) for k in src)

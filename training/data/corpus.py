@@ -2,8 +2,9 @@
 
 Voices: espeak-ng (every accent x variant of ``speech_synth``; its *speaker* is the variant, so
 all accents of ``+f3`` are one speaker and never split apart), flite (kal, kal16, awb, rms, slt)
-and festival (kal_diphone, ked_diphone, cmu_us_slt_arctic_hts); see ``engines.py`` for the
-speakers shared across engines (kal, slt).
+and festival (kal_diphone, ked_diphone, cmu_us_slt_arctic_hts, and ten voices of other
+languages reading English with their accent); see ``engines.py`` for the speakers shared
+across engines (kal, slt) and the respelling the accented voices are given.
 
 Words: the ten commands (several renditions per voice at a speaking rate and pitch drawn from
 the seed) and the ``_unknown_`` words of ``vocab.py`` (every word for each flite/festival voice;
@@ -40,6 +41,7 @@ from training.data.engines import (
     FLITE_VOICES,
     TTSVoice,
     can_vary_rate,
+    engine_text,
     engine_version,
     espeak_word,
     festival_batch,
@@ -139,16 +141,17 @@ def _other_rate(
 
 def cache_key(cfg: CorpusConfig, voice: TTSVoice) -> str:
     """Hash of every input of this voice's clips."""
-    blob = json.dumps(
-        {
-            "v": _CACHE_VERSION,
-            "voice": voice.key,
-            "items": [(i.word, i.label, i.rate, i.pitch) for i in voice_items(cfg, voice)],
-            "engine": engine_version(voice.engine),
-            "rate": SAMPLE_RATE,
-        },
-        sort_keys=True,
-    ).encode()
+    items = voice_items(cfg, voice)
+    inputs = {
+        "v": _CACHE_VERSION,
+        "voice": voice.key,
+        "items": [(i.word, i.label, i.rate, i.pitch) for i in items],
+        "engine": engine_version(voice.engine),
+        "rate": SAMPLE_RATE,
+    }
+    if voice.lang != "en":  # what the accented voice reads (English voices read the word)
+        inputs["texts"] = [engine_text(voice, i.word) for i in items]
+    blob = json.dumps(inputs, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -182,7 +185,7 @@ def render_items(voice: TTSVoice, items: Sequence[ClipItem]) -> list[np.ndarray]
 
     torch.set_num_threads(1)
     if voice.engine == "festival":
-        raw = festival_batch(voice.name, [(i.word, i.rate) for i in items])
+        raw = festival_batch(voice.name, [(engine_text(voice, i.word), i.rate) for i in items])
     elif voice.engine == "flite":
         raw = [flite_synthesize(i.word, voice.name, i.rate, i.pitch) for i in items]
     else:

@@ -11,6 +11,15 @@ splits are made by speaker so one person never sits on both sides of a split.
 - festival: one ``festival -b script.scm`` process renders a whole batch of words of one voice
   (start-up dominates, ~0.3 s), with ``Duration_Stretch`` for the diphone voices.
 
+Accented voices: Debian also ships festival voices of other languages (Catalan, Czech,
+Finnish, Italian, Russian; ten recorded speakers, four of them women and one a child). They
+read English the way a speaker of their language would, so they add the speakers and vocal
+tracts the three English engines lack. Commands are given to them as a respelling in their own
+orthography (:data:`RESPELL`: "right" -> "rait"/"rajt"/"райт") so the word sounds like the
+English one; ``_unknown_`` words are read as written (Latin-script voices) or transliterated
+letter by letter (:func:`engine_text`, Russian), which makes accented non-command words.
+The Indic festvox voices (hi/mr/te NSK) do not load here (missing phone sets) and are left out.
+
 Every function returns float32 audio at the engine's native rate; callers resample.
 """
 
@@ -42,6 +51,7 @@ class TTSVoice:
     engine: str  # espeak | flite | festival
     name: str  # engine-specific voice id, e.g. "en-gb+f3", "slt", "ked_diphone"
     speaker: str  # who speaks: voices of one speaker are never split apart
+    lang: str = "en"  # the voice's own language; not "en": an accented voice (see RESPELL)
 
     @property
     def key(self) -> str:
@@ -59,21 +69,74 @@ FLITE_VOICES: tuple[TTSVoice, ...] = (
 )
 
 #: festival English voices installable from Debian (festvox-kallpc16k, -kdlpc16k, -us-slt-hts).
-FESTIVAL_VOICES: tuple[TTSVoice, ...] = (
+FESTIVAL_ENGLISH: tuple[TTSVoice, ...] = (
     TTSVoice("festival", "kal_diphone", "kal"),
     TTSVoice("festival", "ked_diphone", "ked"),
     TTSVoice("festival", "cmu_us_slt_arctic_hts", "slt"),
 )
 
+#: festival voices of other languages reading English (accented speakers), from Debian's
+#: festvox-ca-ona-hts, -czech-{dita,krb,machac,ph}, -suopuhe-{lj,mv}, -ita{lp,pc}16k, -ru.
+FESTIVAL_ACCENTED: tuple[TTSVoice, ...] = (
+    TTSVoice("festival", "upc_ca_ona_hts", "ca-ona", "ca"),  # woman
+    TTSVoice("festival", "czech_dita", "cz-dita", "cs"),  # woman
+    TTSVoice("festival", "czech_krb", "cz-krb", "cs"),  # child
+    TTSVoice("festival", "czech_machac", "cz-machac", "cs"),
+    TTSVoice("festival", "czech_ph", "cz-ph", "cs"),
+    TTSVoice("festival", "hy_fi_mv_diphone", "fi-mv", "fi"),
+    TTSVoice("festival", "suo_fi_lj_diphone", "fi-lj", "fi"),  # woman
+    TTSVoice("festival", "lp_diphone", "it-lp", "it"),  # woman
+    TTSVoice("festival", "pc_diphone", "it-pc", "it"),
+    TTSVoice("festival", "msu_ru_nsh_clunits", "ru-nsh", "ru"),
+)
+
+FESTIVAL_VOICES: tuple[TTSVoice, ...] = FESTIVAL_ENGLISH + FESTIVAL_ACCENTED
+
+#: The ten commands respelled in each accented voice's orthography, so that its letter-to-sound
+#: rules give (close to) the English word.
+RESPELL: dict[str, dict[str, str]] = {
+    "ca": dict(yes="iés", no="nou", up="ap", down="daun", left="left", right="rait",
+               on="on", off="of", stop="stop", go="gou"),
+    "it": dict(yes="ies", no="nou", up="ap", down="daun", left="left", right="rait",
+               on="on", off="of", stop="stop", go="gou"),
+    "cs": dict(yes="jes", no="nou", up="ap", down="daun", left="left", right="rajt",
+               on="on", off="of", stop="stop", go="gou"),
+    "fi": dict(yes="jes", no="nou", up="ap", down="daun", left="left", right="rait",
+               on="on", off="of", stop="stop", go="gou"),
+    "ru": dict(yes="йес", no="ноу", up="ап", down="даун", left="лефт", right="райт",
+               on="он", off="оф", stop="стоп", go="гоу"),
+}  # fmt: skip
+
+#: Latin -> Cyrillic letters, for reading ``_unknown_`` words with the Russian voice.
+_CYRILLIC = dict(
+    a="а", b="б", c="к", d="д", e="е", f="ф", g="г", h="х", i="и", j="дж", k="к", l="л",
+    m="м", n="н", o="о", p="п", q="к", r="р", s="с", t="т", u="у", v="в", w="у", x="кс",
+    y="й", z="з",
+)  # fmt: skip
+
 #: Voices whose speaking rate festival's ``Duration_Stretch`` does not change.
-_FIXED_RATE = {"cmu_us_slt_arctic_hts"}
+_FIXED_RATE = {"cmu_us_slt_arctic_hts", "upc_ca_ona_hts", "msu_ru_nsh_clunits"}
 
 #: Debian package of each engine (the hint in EngineNotFoundError).
 PACKAGES = {
     "espeak": "espeak-ng",
     "flite": "flite",
-    "festival": "festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts",
+    "festival": "festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts "
+    "festvox-ca-ona-hts festvox-czech-dita festvox-czech-krb festvox-czech-machac "
+    "festvox-czech-ph festvox-suopuhe-lj festvox-suopuhe-mv festvox-italp16k "
+    "festvox-itapc16k festvox-ru",
 }
+
+
+def engine_text(voice: TTSVoice, word: str) -> str:
+    """What ``voice`` is given to read for ``word``: the word, or its accented respelling."""
+    if voice.lang == "en":
+        return word
+    if word in RESPELL[voice.lang]:
+        return RESPELL[voice.lang][word]
+    if voice.lang == "ru":
+        return "".join(_CYRILLIC.get(ch, ch) for ch in word.lower())
+    return word
 
 
 def require(engine: str) -> str:
@@ -134,7 +197,7 @@ def festival_batch(
             wav = os.path.join(tmp, f"{i:05d}.wav")
             lines.append(f'(utt.save.wave (utt.synth (Utterance Text "{safe}")) "{wav}" \'riff)')
         script = Path(tmp) / "batch.scm"
-        script.write_text("\n".join(lines) + "\n")
+        script.write_text("\n".join(lines) + "\n", encoding="utf-8")
         proc = subprocess.run([exe, "-b", str(script)], capture_output=True, timeout=timeout)
         out = []
         for i in range(len(items)):
