@@ -119,6 +119,8 @@ class AsyncSpeechClient(ClientBase):
         self._conn: WSConnection | None = None
         self._live = Resumable(self.cfg, SPEECH_PATH)
         self.labels: list[str] = []
+        self.detection: dict[str, Any] = {}  # continuous mode: the operating point in force
+        self.configured_ms: float | None = None  # audio time the last `configure` applies from
         self.reconnects = 0  # resumes performed over this client's life
         self._durable = False  # the current session's server keeps durable checkpoints
 
@@ -251,6 +253,27 @@ class AsyncSpeechClient(ClientBase):
                 # is in an unknown state, so the next session opens a new one
                 await self.close()
 
+    async def configure(
+        self,
+        *,
+        threshold: float | None = None,
+        keywords: dict[str, float] | None = None,
+        listen: list[str] | None = None,
+        refractory_ms: float | None = None,
+    ) -> None:
+        """Change the detection options of the running continuous stream (call it while
+        iterating :meth:`stream`); the server applies them from the next audio it processes
+        and answers ``configured`` (kept in :attr:`detection`). A refused option ends the
+        stream with a ``ServerError`` from the iteration."""
+        opts = {"threshold": threshold, "keywords": keywords, "listen": listen}
+        opts["refractory_ms"] = refractory_ms
+        msg = {"type": "configure", **{k: v for k, v in opts.items() if v is not None}}
+        if len(msg) == 1:
+            raise ValueError("configure: give at least one option")
+        if self._conn is None:
+            raise ProtocolError("configure needs a running stream")
+        await self._conn.send_json(msg)
+
     # ------------------------------------------------------------------ internals
     async def _begin(self, start: dict[str, Any]) -> None:
         assert self._conn is not None
@@ -260,6 +283,8 @@ class AsyncSpeechClient(ClientBase):
             raise ProtocolError(f"expected 'ready' after 'start', got {ready!r}")
         self._live.started(ready)
         self.labels = list(ready.get("labels") or [])
+        self.detection = dict(ready.get("detection") or {})
+        self.configured_ms = None
         self._durable = bool(ready.get("checkpoints"))
 
     async def _send(self, upload: _Upload, realtime: bool, t0: float) -> None:
@@ -311,6 +336,9 @@ class AsyncSpeechClient(ClientBase):
                 yield result
             elif kind == "detection":
                 yield Detection.from_message(msg, self.session_id)
+            elif kind == "configured":
+                self.detection = dict(msg.get("detection") or {})
+                self.configured_ms = float(msg.get("audio_ms") or 0.0)
             elif kind in ("going_away", "ready", "ping", "pong", "warning", "info"):
                 continue  # informational; ignored
             else:

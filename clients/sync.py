@@ -61,6 +61,18 @@ class SpeechClient(_SyncBase):
     def labels(self) -> list[str]:
         return self._async.labels
 
+    @property
+    def detection(self) -> dict[str, Any]:
+        return self._async.detection
+
+    @property
+    def configured_ms(self) -> float | None:
+        return self._async.configured_ms
+
+    def configure(self, **options: Any) -> None:
+        """Change the running continuous stream's detection options (while iterating)."""
+        self._loop.run(self._async.configure(**options))
+
     def stream_file(self, path: str | Path, **kwargs: Any) -> Iterator[SpeechResult]:
         return self._loop.iterate(self._async.stream_file(path, **kwargs))
 

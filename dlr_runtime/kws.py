@@ -111,6 +111,28 @@ class KeywordSpotter:
         self._quiet = self.quiet()
         self.reset()
 
+    def reconfigure(self, config: KWSConfig) -> None:
+        """Change the operating point mid-stream (ValueError, nothing changed, if invalid).
+
+        The posterior history (ring, sum, frame count, last firing) carries over, so smoothing
+        and the refractory period continue across the change; a command kept by the new
+        `listen` keeps its arming and rise frame, a newly added one starts armed. The
+        smoothing window cannot change (the ring's length is the stream's).
+        """
+        config.validate(self.labels)
+        if int(max(1, round(config.smooth_ms / self.frame_ms))) != self.k:
+            raise ValueError("smooth_ms cannot change in the middle of a stream")
+        new = KeywordSpotter(self.labels, self.frame_ms, config)
+        old = {int(c): j for j, c in enumerate(self.cmd_idx)}
+        armed = np.ones(len(new.cmd_idx), bool)
+        rise = np.full(len(new.cmd_idx), self.frame, np.int64)
+        for j, c in enumerate(new.cmd_idx):
+            if int(c) in old:
+                armed[j], rise[j] = self.armed[old[int(c)]], self.rise[old[int(c)]]
+        self.config, self.cmd_idx, self.thresholds = config, new.cmd_idx, new.thresholds
+        self.refractory = new.refractory
+        self.armed, self.rise = armed, rise
+
     def reset(self) -> None:
         c = len(self.labels)
         self.ring = np.zeros((self.k, c))  # last k posteriors

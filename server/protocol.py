@@ -77,6 +77,19 @@ class SpeechStart(BaseModel):
         return v
 
 
+class SpeechConfigure(BaseModel):
+    """Continuous mode: change the detection options in the middle of a stream (answered with
+    `configured`); the options given replace the current ones, the others stay."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["configure"]
+    threshold: float | None = Field(None, gt=0, le=1)
+    keywords: dict[str, Annotated[float, Field(gt=0, le=1)]] | None = Field(None, max_length=64)
+    listen: list[str] | None = Field(None, min_length=1, max_length=64)
+    refractory_ms: float | None = Field(None, ge=0, le=60000)
+
+
 class SpeechEnd(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -110,7 +123,7 @@ class TextGenerate(SamplingFields):
     max_new_tokens: int = Field(64, ge=0)
 
 
-SpeechMessage = Annotated[SpeechStart | SpeechEnd, Field(discriminator="type")]
+SpeechMessage = Annotated[SpeechStart | SpeechEnd | SpeechConfigure, Field(discriminator="type")]
 TextMessage = Annotated[
     TextStart | TextAppend | TextGenerate | TextFork, Field(discriminator="type")
 ]

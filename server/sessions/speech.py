@@ -23,11 +23,12 @@ import numpy as np
 import torch
 
 from dlr_runtime.engine import SnapshotError, StreamResampler
+from dlr_runtime.kws import KWSConfig
 from dlr_runtime.listen import Heard, Listener
 
 from ..errors import Closed
 from ..events import Failed, Final, Progress, Scores
-from ..protocol import SpeechEnd, SpeechStart
+from ..protocol import SpeechConfigure, SpeechEnd, SpeechStart
 from ..registry import ModelEntry
 from ..work import SpeechStream
 from ..ws import Conn
@@ -146,13 +147,17 @@ class SpeechSession(LiveSession):
         return out
 
     def resume_info(self) -> dict:
-        return {
+        out = {
             "labels": self.labels,
             "sample_rate": self.rate,
             "bytes_received": self.bytes_received,
             "audio_ms": round(self.audio_ms(), 1),
             "ended": self.ended,
         }
+        lis = self.stream.listener
+        if lis is not None:  # (parked: the listener as parked; configure unparks first)
+            out.update(mode="continuous", detection=lis.spotter.config.to_dict())
+        return out
 
     def log_extra(self) -> dict:
         return {"audio_ms": round(self.audio_ms(), 1)}
@@ -279,9 +284,12 @@ class SpeechSession(LiveSession):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.drained.wait(), min(left, 0.5))
 
-    async def handle(self, conn: Conn, msg: SpeechEnd) -> bool:
+    async def handle(self, conn: Conn, msg: SpeechEnd | SpeechConfigure) -> bool:
         """The client's end: emit the final once all audio is processed; False (the session
-        is over) once it is delivered."""
+        is over) once it is delivered. A `configure` changes the detection options."""
+        if isinstance(msg, SpeechConfigure):
+            await self.configure(conn, msg)
+            return True
         if self.ended:
             raise await self.fail(conn, "invalid_message", "end was already received")
         async with self.park_lock:
@@ -297,6 +305,43 @@ class SpeechSession(LiveSession):
             raise Closed("final_undelivered", by_client=True, code=1006)
         await self.store.finish(self, "completed")
         return False
+
+    async def configure(self, conn: Conn, msg: SpeechConfigure) -> None:
+        """Continuous mode: new detection options from the next frame the engine processes;
+        answered with `configured` (the whole operating point and the audio time it applies
+        from). A bad option is refused like one of `start` (error, close 1008)."""
+        if self.ended:
+            raise await self.fail(conn, "invalid_message", "configure after end")
+        changes = msg.model_dump(exclude_unset=True, exclude={"type"})
+        if not changes:
+            raise await self.fail(
+                conn, "invalid_message", "configure needs one of threshold, keywords, listen, "
+                "refractory_ms"
+            )  # fmt: skip
+        async with self.park_lock:
+            await self.unpark(conn)
+            lis = self.stream.listener
+            if lis is None:
+                raise await self.fail(
+                    conn, "invalid_message", 'configure needs "mode": "continuous"'
+                )
+            cfg = KWSConfig.from_dict({**lis.spotter.config.to_dict(), **changes})
+
+            def apply() -> int:  # on the engine thread, between batches
+                lis.spotter.reconfigure(cfg)
+                return lis.spotter.frame
+
+            try:
+                frame = await self.m.scheduler.run_sync(apply)
+            except ValueError as e:
+                raise await self.fail(conn, "invalid_message", str(e)) from None
+            self.start = self.start.model_copy(update=changes)
+        reply = {
+            "type": "configured",
+            "detection": cfg.to_dict(),
+            "audio_ms": round(frame * lis.frame_ms, 1),
+        }
+        await asyncio.shield(self.emit(reply))
 
     # ------------------------------------------------------------------ durable checkpoints
     def checkpoint_due(self) -> None:

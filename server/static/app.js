@@ -222,6 +222,7 @@ function openSpeechSocket(rate) {
       mic.ready = true;
       if (msg.labels && msg.labels.length) drawBars(msg.labels, []);
       $("speech-status").textContent = `Listening at ${rate} Hz (session ${msg.session_id || "?"})`;
+      mic.continuous = msg.mode === "continuous";
       if (msg.mode === "continuous") {
         setVad("listening");
         if (!kws.thresholdSet && msg.detection) {
@@ -229,6 +230,9 @@ function openSpeechSocket(rate) {
           $("threshold-value").textContent = `${Number(msg.detection.threshold).toFixed(2)} (model)`;
         }
       }
+    } else if (msg.type === "configured") {
+      const t = Number(msg.detection.threshold).toFixed(2);
+      $("threshold-value").textContent = `${t} (from ${(msg.audio_ms / 1000).toFixed(1)} s)`;
     } else if (msg.type === "detection") {
       addDetection(msg);
     } else if (msg.type === "partial") {
@@ -272,7 +276,7 @@ async function stopMic() {
 async function teardownMic() {
   if (mic.stream) mic.stream.getTracks().forEach((t) => t.stop());
   if (mic.ctx) await mic.ctx.close().catch(() => {});
-  Object.assign(mic, { ctx: null, stream: null, node: null, ws: null, ready: false, stopping: false });
+  Object.assign(mic, { ctx: null, stream: null, node: null, ws: null, ready: false, stopping: false, continuous: false });
   setVad("off");
   $("mic-start").disabled = false;
   $("mic-stop").disabled = true;
@@ -366,9 +370,18 @@ async function generate(ev) {
 // ------------------------------------------------------------------ wiring
 $("mic-start").addEventListener("click", startMic);
 $("mic-stop").addEventListener("click", stopMic);
+let configureTimer = null;
 $("threshold").addEventListener("input", () => {
   kws.thresholdSet = true;
-  $("threshold-value").textContent = `${Number($("threshold").value).toFixed(2)}${mic.ws ? " (next start)" : ""}`;
+  const value = Number($("threshold").value);
+  $("threshold-value").textContent = value.toFixed(2);
+  // a live continuous stream takes the new threshold at once (debounced while dragging)
+  clearTimeout(configureTimer);
+  configureTimer = setTimeout(() => {
+    if (mic.ws && mic.ready && mic.continuous && mic.ws.readyState === WebSocket.OPEN) {
+      mic.ws.send(JSON.stringify({ type: "configure", threshold: value }));
+    }
+  }, 150);
 });
 $("gen-form").addEventListener("submit", generate);
 $("gen-stop").addEventListener("click", () => genAbort && genAbort.abort());

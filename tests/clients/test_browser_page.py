@@ -217,3 +217,43 @@ def test_page_with_api_keys(browser, server_factory, models_dir):
     )
     assert len(page.text_content("#output")) > 0
     page.close()
+
+
+def test_threshold_slider_applies_to_the_running_stream(browser, page_server, kws_server_url):
+    """Continuous mode: moving the slider while listening sends `configure`; the page shows
+    the threshold the server now uses and the audio time it applies from."""
+    page = browser.new_page()
+    console: list[str] = []
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    page.goto(kws_server_url + "/")
+    page.wait_for_function("document.querySelectorAll('#speech-model option').length > 0")
+    assert page.input_value("#speech-mode") == "continuous"
+    page.click("#mic-start")
+    page.wait_for_function(
+        "/at [0-9.]+ s of audio/.test(document.getElementById('speech-status').textContent)",
+        timeout=20000,
+    )
+    page.fill("#threshold", "0.93")
+    page.dispatch_event("#threshold", "input")
+    page.wait_for_function(
+        "/0\\.93 \\(from [0-9.]+ s\\)/.test(document.getElementById('threshold-value').textContent)",
+        timeout=10000,
+    )
+    page.click("#mic-stop")
+    page.wait_for_function(
+        "document.getElementById('final-label').textContent !== '–'", timeout=20000
+    )
+    errors = page.text_content("#errors")
+    page.close()
+    assert not errors.strip(), errors
+    assert not [c for c in console if c.startswith("error")], console
+
+
+@pytest.fixture(scope="module")
+def kws_server_url(server_factory, tmp_path_factory) -> str:
+    """A server with the tiny SC12-style test model only (continuous mode by default)."""
+    from tests.kws_audio import write_kws_model
+
+    root = tmp_path_factory.mktemp("slider-models")
+    write_kws_model(root)
+    return server_factory(root).url

@@ -60,6 +60,22 @@ def test_library_yields_typed_detections_then_the_final(kws_server, words_wav):
     assert {e.label for e in only if isinstance(e, Detection)} == {dets[0].label}
 
 
+def test_configure_mid_stream_round_trip(kws_server, words_wav):
+    with SpeechClient(kws_server.url, model=NAME) as c:
+        events = []
+        for e in c.stream_file(words_wav, continuous=True, realtime=True, chunk_ms=100):
+            events.append(e)
+            if isinstance(e, Detection) and c.configured_ms is None:
+                assert c.detection["threshold"] < 1.0  # the model's operating point
+                c.configure(threshold=1.0)  # nothing reaches it: no detection from here on
+        assert c.detection["threshold"] == 1.0 and c.configured_ms is not None
+        dets = [e for e in events if isinstance(e, Detection)]
+        assert dets and all(d.end_ms <= c.configured_ms for d in dets)
+        assert events[-1].detections == dets
+        with pytest.raises(ValueError, match="at least one"):
+            c.configure()
+
+
 def test_cli_prints_one_line_per_detection_and_json(kws_server, words_wav):
     dets = [e for e in library_events(kws_server.url, words_wav) if isinstance(e, Detection)]
     out = run_cli(kws_server.url, "speech", "--model", NAME, "--continuous", str(words_wav))

@@ -234,3 +234,75 @@ def test_gate_snapshot_round_trip_mid_noise():
     frames = lambda runs: [f for feed, n, _, _ in runs for f in [feed] * n]  # noqa: E731
     assert frames(first + rest) == frames(whole)
     assert c.snapshot() == a.snapshot()
+
+
+def _reference_detections(
+    posts: np.ndarray, frame_ms: float, schedule: list[tuple[int, KWSConfig]]
+) -> list[tuple[str, int]]:
+    """A plain loop of the decision rule whose operating point changes at given frames."""
+    commands = [c for c in LABELS if not c.startswith("_")]
+    k = max(1, int(round(schedule[0][1].smooth_ms / frame_ms)))
+    armed = {c: True for c in commands}
+    rise = {c: 0 for c in commands}
+    listen: list[str] = []
+    last, out = -(10**9), []
+    for t in range(len(posts)):
+        cfg = [c for f, c in schedule if f <= t][-1]
+        now = cfg.listen or commands
+        for c in now:
+            if c not in listen:  # (newly listened: starts armed)
+                armed[c], rise[c] = True, t
+        listen = list(now)
+        smooth = posts[max(0, t - k + 1) : t + 1].mean(axis=0)
+        hot = []
+        for c in listen:
+            thr = cfg.keywords.get(c, cfg.threshold)
+            s = smooth[LABELS.index(c)]
+            if s < cfg.rearm * thr:
+                armed[c], rise[c] = True, t + 1
+            if s >= thr and armed[c]:
+                hot.append((s, -listen.index(c), c))
+        if hot and t - last >= int(round(cfg.refractory_ms / frame_ms)):
+            c = max(hot)[2]
+            armed[c], last = False, t
+            out.append((c, t))
+    return out
+
+
+def test_reconfigure_mid_stream_equals_the_plain_rule():
+    rng = np.random.default_rng(5)
+    frames, frame_ms = 900, 10.0
+    logits = rng.standard_normal((frames, len(LABELS)))
+    for start in range(0, frames, 45):  # a burst of one label every 0.45 s
+        logits[start : start + 12, int(rng.integers(0, len(LABELS)))] += 6
+    posts = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    base = KWSConfig(threshold=0.5, smooth_ms=50, refractory_ms=200)
+    schedule = [
+        (0, base),
+        (200, KWSConfig(threshold=0.8, smooth_ms=50, refractory_ms=200)),
+        (420, KWSConfig(threshold=0.4, keywords={"stop": 0.7}, smooth_ms=50, refractory_ms=0)),
+        (600, KWSConfig(threshold=0.4, listen=["yes", "stop"], smooth_ms=50, refractory_ms=300)),
+        (750, base),
+    ]
+    sp = KeywordSpotter(LABELS, frame_ms, base)
+    got = []
+    for t in range(frames):
+        for f, cfg in schedule[1:]:
+            if f == t:
+                sp.reconfigure(cfg)
+        d = sp.push_posterior(posts[t])
+        if d is not None:
+            got.append((d.label, d.frame))
+    want = _reference_detections(posts, frame_ms, schedule)
+    assert got == want and len({f for f, _ in schedule if any(g[1] >= f for g in got)}) == 5
+    # the same config again changes nothing; a bad one changes nothing and says why
+    a, b = KeywordSpotter(LABELS, frame_ms, base), KeywordSpotter(LABELS, frame_ms, base)
+    for t in range(300):
+        if t == 100:
+            b.reconfigure(KWSConfig(threshold=0.5, smooth_ms=50, refractory_ms=200))
+            with pytest.raises(ValueError, match="unknown keyword"):
+                b.reconfigure(KWSConfig(keywords={"maybe": 0.5}, smooth_ms=50))
+            with pytest.raises(ValueError, match="smooth_ms"):
+                b.reconfigure(KWSConfig(smooth_ms=200))
+        assert a.push_posterior(posts[t]) == b.push_posterior(posts[t])
+    assert a.snapshot() == b.snapshot() and b.config == base

@@ -129,6 +129,75 @@ def test_thresholds_and_subsets_change_what_fires(srv, kws_dir):
     assert len(slow) == 1
 
 
+async def configured_stream(url: str, data: bytes, at: int, change: dict) -> tuple[list, dict]:
+    """Send data[:at], a `configure` with `change`, the rest, end: (messages, configured)."""
+    ws, _ = await speech_start(url, mode="continuous")
+    seen: list[dict] = []
+    for i in range(0, at, 3200):
+        await ws.send(data[i : min(i + 3200, at)])
+    sent_ms = at / 2 / RATE * 1000
+    while at and not (
+        (m := await recv_json(ws))["type"] == "partial" and m["audio_ms"] >= sent_ms - 20
+    ):
+        seen.append(m)  # (until the server has processed what was sent)
+    await send_json(ws, {"type": "configure", **change})
+    while (m := await recv_json(ws))["type"] != "configured":
+        seen.append(m)
+    conf = m
+    for i in range(at, len(data), 3200):
+        await ws.send(data[i : i + 3200])
+    await send_json(ws, {"type": "end"})
+    while (m := await recv_json(ws, timeout=60))["type"] != "final":
+        seen.append(m)
+    await ws.close()
+    assert [(d["label"], d["end_ms"]) for d in m["detections"]] == dets(seen)
+    return seen, conf
+
+
+def test_configure_changes_the_options_from_where_it_applies(srv, kws_dir):
+    x = words()
+    data = s16(x)
+    base = offline(kws_dir, x)
+    # a threshold no smoothed posterior reaches, from half-way: what fired before stays
+    seen, conf = asyncio.run(configured_stream(srv.ws, data, len(data) // 2, {"threshold": 1.0}))
+    assert conf["detection"]["threshold"] == 1.0 and conf["audio_ms"] >= len(x) / RATE * 500 - 20
+    assert dets(seen) == [d for d in base if d[1] <= conf["audio_ms"]]
+    assert len(dets(seen)) < len(base)
+    # listening for one command from the first byte == a stream started with that subset
+    first = base[0][0]
+    seen, conf = asyncio.run(configured_stream(srv.ws, data, 0, {"listen": [first]}))
+    assert conf["audio_ms"] == 0 and conf["detection"]["listen"] == [first]
+    assert dets(seen) == offline(kws_dir, x, listen=[first])
+
+
+@pytest.mark.parametrize(
+    "start,change,needle",
+    [
+        ({"mode": "continuous"}, {"keywords": {"banana": 0.5}}, "banana"),
+        ({"mode": "continuous"}, {"threshold": 0}, "threshold"),
+        ({"mode": "continuous"}, {}, "configure needs one of"),
+        ({"mode": "continuous"}, {"vad": False}, "vad"),
+        ({}, {"threshold": 0.5}, "continuous"),
+    ],
+)
+def test_bad_configure_errors_and_closes_1008(srv, start, change, needle):
+    async def main():
+        ws = await websockets.connect(srv.ws + SPEECH)
+        await send_json(ws, {"type": "start", "sample_rate": RATE, **start})
+        assert (await recv_json(ws))["type"] == "ready"
+        await ws.send(s16(words())[:6400])
+        await send_json(ws, {"type": "configure", **change})
+        while (msg := await recv_json(ws))["type"] == "partial":
+            pass
+        assert msg["type"] == "error" and msg["code"] == "invalid_message", msg
+        assert needle in msg["message"], msg
+        with pytest.raises(websockets.ConnectionClosed) as e:
+            await recv_json(ws)
+        assert e.value.rcvd.code == 1008
+
+    asyncio.run(main())
+
+
 def test_no_gate_computes_every_frame_and_still_matches(srv, kws_dir):
     data = s16(words())
     seen, final = asyncio.run(stream(srv.ws, data, 3200, vad=False))
@@ -305,3 +374,35 @@ def test_drain_persists_and_a_restarted_server_continues(kws_dir, tmp_path):
     numbered = [m for m in seen if "seq" in m]
     assert [m["seq"] for m in numbered] == list(range(1, len(numbered) + 1))
     assert dets(seen) == want
+
+
+def test_configured_options_survive_a_resume(srv, kws_dir):
+    x = words()
+    data = s16(x)
+    first = offline(kws_dir, x)[0][0]
+
+    async def main():
+        ws, ready = await speech_start(srv.ws, mode="continuous", interim_results=False)
+        await send_json(ws, {"type": "configure", "listen": [first]})
+        conf = await recv_json(ws)
+        assert conf["type"] == "configured" and conf["detection"]["listen"] == [first]
+        cut = len(data) // 2 // 3200 * 3200
+        for i in range(0, cut, 3200):
+            await ws.send(data[i : i + 3200])
+        drop(ws)
+        sess = srv.app.state.sessions.live[ready["session_id"]]
+        await eventually(lambda: sess.detached_since is not None)
+        ws2, again = await resume(srv.ws, SPEECH, ready, last_seq=conf["seq"])
+        assert again["detection"]["listen"] == [first]  # the operating point in force
+        for i in range(again["bytes_received"], len(data), 3200):
+            await ws2.send(data[i : i + 3200])
+        await send_json(ws2, {"type": "end"})
+        seen = []
+        while (m := await recv_json(ws2, timeout=60))["type"] != "final":
+            seen.append(m)
+        await ws2.close()
+        return m
+
+    final = asyncio.run(main())
+    got = [(d["label"], d["end_ms"]) for d in final["detections"]]
+    assert got == offline(kws_dir, x, listen=[first])
