@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dlr_runtime import read_header
+from training.data.engines import FESTIVAL_ACCENTED
 from training.data.vocab import unknown_words
 from training.model_card import _config_table, _copy, _state_bytes, _training_section
 
@@ -192,15 +193,21 @@ Files: `model.safetensors` + `config.json`, `curves.png`, `metrics.csv`, `eval/e
 
 Clean clips rendered by `training/data/corpus.py` (cached, deterministic, parallel):
 espeak-ng (8 English accents x 16 variants = 128 voices; the *speaker* is the variant),
-flite (kal, kal16, awb, rms, slt) and festival (kal_diphone, ked_diphone,
-cmu_us_slt_arctic_hts), all from Debian packages. Words: the 10 commands (3 renditions per
-espeak voice, 12 per flite/festival voice at random rate and pitch) and
+flite (kal, kal16, awb, rms, slt), festival's English voices (kal_diphone, ked_diphone,
+cmu_us_slt_arctic_hts) and ten festival voices of other languages reading English with their
+accent ({", ".join(f"{v.speaker} `{v.name}`" for v in FESTIVAL_ACCENTED)}: Catalan, Czech,
+Finnish, Italian and Russian recorded speakers, four women and a child), all from Debian
+packages. The accented voices read each command respelled in their own orthography
+(`training/data/engines.py` `RESPELL`, e.g. right -> "rait" / "rajt" / "райт") and the
+`_unknown_` words as written. Words: the 10 commands (3 renditions per espeak voice, 12 per
+flite/festival voice at random rate and pitch, 1 for the voices whose rate cannot change) and
 {len(unknown_words())} `_unknown_` words
 (near misses such as now, goat, top, dawn, yet, of, bright, lift, nine, and ordinary words;
 never homophones of a command). Splits by speaker (`training/data/splits.py`, preset
 `final`): kal (flite kal/kal16 + festival kal_diphone) and slt (flite + festival HTS) are one
-speaker each. Test = flite awb, festival ked_diphone and 3 espeak variants (all accents); valid
-= flite rms and 2 espeak variants; train = the rest.
+speaker each. Test = flite awb, festival ked_diphone, the accented Italian woman it-lp
+(`lp_diphone`) and 3 espeak variants (all accents); valid = flite rms, the accented cz-ph and
+2 espeak variants; train = the rest.
 
 | split | clips | commands | unknown |
 |---|---:|---:|---:|
@@ -248,7 +255,7 @@ Confusion matrix (augmented test clips + word-less windows): `eval/confusion.png
 Short runs of the same architecture and recipe ({"; ".join(f"{p.name}" for p in loso)}), each
 trained without one engine *and* without every speaker that engine shares (festival kal/slt
 when flite is held out, flite kal/kal16/slt when festival is held out), tested on all voices of
-that engine:
+that engine (for festival: its English and its accented voices):
 
 {loso_md}
 
@@ -291,8 +298,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=(
             "for e in espeak flite festival; do dlr-train kws --split loso-$e "
             "--out-dir runs/kws_loso-$e --d-model 96 --d-state 64 --n-layers 4 --dropout 0.0 "
-            "--batch-size 32 --steps 700 --warmup 100 --epochs 100 --epoch-windows 11200 "
-            "--max-minutes 16 --threads 1 --num-workers 1; done\n"
+            "--batch-size 32 --steps 2400 --warmup 100 --epochs 100 --epoch-windows 19200 "
+            "--max-minutes 25 --threads 1 --num-workers 1 --no-progress; done\n"
             "dlr-eval loso runs/kws_loso-espeak/model runs/kws_loso-flite/model "
             "runs/kws_loso-festival/model"
         ),
