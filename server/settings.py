@@ -23,11 +23,12 @@ class Settings(BaseSettings):
     models_dir: Path = Field(DEFAULT_MODELS_DIR, description="one checkpoint directory per model")
     device: str = Field("auto", description="auto (cuda when available), cpu, cuda, cuda:N")
     backend: Literal["auto", "torch", "fused", "torch-fast", "onnx"] = Field(
-        "torch",
+        "fused",
         description=(
-            "inference backend: torch, fused (numba decode step of token LMs; torch for the"
-            " rest), torch-fast (compiled step / CUDA graphs), onnx, or auto (time the"
-            " candidates at startup, keep the fastest)"
+            "inference backend: fused (default: numba decode step of token LMs, the fastest"
+            " measured here, benchmarks/RESULTS.md; the torch form for everything else and"
+            " wherever numba cannot build), torch, torch-fast (compiled step / CUDA graphs),"
+            " onnx, or auto (time the candidates at startup, keep the fastest)"
         ),
     )
     state_dtype: Literal["complex64", "complex128"] = Field(

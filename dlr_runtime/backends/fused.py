@@ -119,6 +119,11 @@ def make_fused(rec: RecurrentModel) -> Backend:
     """`FusedBackend(rec)`, or `rec` itself (logged) where the fused step cannot serve it."""
     why = fused_supported(rec)
     if why is not None:
-        log.warning("fused backend unavailable (%s); using the torch step", why)
+        level = logging.INFO if rec.config.decoder != "lm" else logging.WARNING
+        log.log(level, "fused backend unavailable (%s); using the torch step", why)
         return rec
-    return FusedBackend(rec)
+    try:
+        return FusedBackend(rec)
+    except Exception as e:  # noqa: BLE001  (e.g. numba cannot compile or cache here)
+        log.warning("fused backend failed to build (%s); using the torch step", e)
+        return rec

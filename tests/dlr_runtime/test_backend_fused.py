@@ -125,3 +125,19 @@ def test_falls_back_to_torch_where_it_cannot_serve(monkeypatch):
     assert make_backend(rec, "fused") is rec
     with pytest.raises(RuntimeError, match="numba"):
         FusedBackend(rec)
+
+
+def test_a_kernel_that_fails_to_build_falls_back_to_torch(monkeypatch, caplog):
+    """Where numba cannot compile or cache (say, a read-only cache location), the server's
+    default backend still serves: the torch step, with a warning naming the failure."""
+    import dlr_runtime.backends.fused as fused
+
+    rec = _rec(torch.complex64)
+
+    def broken(*a, **k):
+        raise RuntimeError("cannot cache function: no locator available")
+
+    monkeypatch.setattr(fused, "FusedBackend", broken)
+    with caplog.at_level("WARNING", logger="dlr_runtime.backends.fused"):
+        assert make_backend(rec, "fused") is rec
+    assert "no locator available" in caplog.text

@@ -56,3 +56,4 @@ def test_every_runtime_backend_can_be_chosen_for_the_server(tmp_path):
     names = {e.kind: e.engine.backend.name for e in models.values()}
     assert names == {"lm": "fused", "speech": "torch"}  # the fused step is for token LMs
     assert parse_settings(["--backend", "torch-fast"]).backend == "torch-fast"
+    assert parse_settings([]).backend == "fused"  # the default: fastest measured decode step
