@@ -48,19 +48,37 @@ WARMUP_S = 1.0
 
 
 # ---------------------------------------------------------------------- load generator
-async def _stream(url: str, model: str, chunk_ms: int, seconds: float, delay: float, seed: int):
+def _audio(seed: int, seconds: float, speech_share: float) -> np.ndarray:
+    """A voiced tone with noise (speech_share 1), or 0.6 s voiced bursts covering
+    `speech_share` of the time over a quiet room (-80 dBFS)."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * RATE)
+    t = np.arange(n) / RATE
+    voiced = 0.2 * np.sin(2 * np.pi * (150 + 10 * (seed % 20)) * t) + 0.05 * rng.standard_normal(n)
+    if speech_share >= 1:
+        return voiced
+    x = 1e-4 * rng.standard_normal(n)
+    burst = int(0.6 * RATE)
+    for start in range(int(rng.integers(0, RATE)), n - burst, int(burst / speech_share)):
+        x[start : start + burst] = voiced[start : start + burst]
+    return x
+
+
+async def _stream(
+    url: str, model: str, chunk_ms: int, seconds: float, delay: float, seed: int, opts: dict
+):
     import websockets
 
-    rng = np.random.default_rng(seed)
     n = RATE * chunk_ms // 1000
-    t = np.arange(n) / RATE
-    tone = 0.2 * np.sin(2 * np.pi * (150 + 10 * (seed % 20)) * t)
+    pcm = (np.clip(_audio(seed, seconds, opts["speech_share"]), -1, 1) * 32767).astype("<i2")
     await asyncio.sleep(delay)
     lags: list[float] = []
-    out = {"lags": lags, "final_ms": float("nan"), "error": ""}
+    out = {"lags": lags, "final_ms": float("nan"), "error": "", "detections": 0}
     try:
         async with websockets.connect(url + "/v1/speech/stream", max_size=None) as ws:
             start = {"type": "start", "sample_rate": RATE, "encoding": "pcm_s16le", "model": model}
+            if opts["mode"] == "continuous":
+                start["mode"] = "continuous"
             await ws.send(json.dumps(start))
             ready = json.loads(await ws.recv())
             if ready.get("type") != "ready":
@@ -76,6 +94,8 @@ async def _stream(url: str, model: str, chunk_ms: int, seconds: float, delay: fl
                         since = time.perf_counter() - t0 + chunk_ms / 1000
                         if since > WARMUP_S:
                             lags.append(since * 1000 - m["audio_ms"])
+                    elif m["type"] == "detection":
+                        out["detections"] += 1
                     elif m["type"] == "final":
                         done.set_result(time.perf_counter())
                         return
@@ -83,11 +103,9 @@ async def _stream(url: str, model: str, chunk_ms: int, seconds: float, delay: fl
                         raise RuntimeError(f"{m.get('code')}: {m.get('message')}")
 
             task = asyncio.create_task(reader())
-            chunks = int(seconds * 1000 / chunk_ms)
-            for i in range(chunks):
+            for i in range(len(pcm) // n):
                 await asyncio.sleep(max(0.0, t0 + i * chunk_ms / 1000 - time.perf_counter()))
-                x = tone + 0.05 * rng.standard_normal(n)
-                await ws.send((np.clip(x, -1, 1) * 32767).astype("<i2").tobytes())
+                await ws.send(pcm[i * n : (i + 1) * n].tobytes())
                 if task.done():
                     break
             t_end = time.perf_counter()
@@ -99,11 +117,11 @@ async def _stream(url: str, model: str, chunk_ms: int, seconds: float, delay: fl
     return out
 
 
-def _client_proc(url, model, chunk_ms, seconds, first, count, total, q) -> None:
+def _client_proc(url, model, chunk_ms, seconds, first, count, total, opts, q) -> None:
     async def main():
         return await asyncio.gather(
             *[
-                _stream(url, model, chunk_ms, seconds, (first + i) / total, first + i)
+                _stream(url, model, chunk_ms, seconds, (first + i) / total, first + i, opts)
                 for i in range(count)
             ]
         )
@@ -111,7 +129,9 @@ def _client_proc(url, model, chunk_ms, seconds, first, count, total, q) -> None:
     q.put(asyncio.run(main()))
 
 
-def run_load(url: str, model: str, n: int, chunk_ms: int, seconds: float, procs: int) -> list:
+def run_load(
+    url: str, model: str, n: int, chunk_ms: int, seconds: float, procs: int, opts: dict
+) -> list:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     per = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
@@ -119,7 +139,8 @@ def run_load(url: str, model: str, n: int, chunk_ms: int, seconds: float, procs:
     for count in per:
         if count:
             p = ctx.Process(
-                target=_client_proc, args=(url, model, chunk_ms, seconds, first, count, n, q)
+                target=_client_proc,
+                args=(url, model, chunk_ms, seconds, first, count, n, opts, q),
             )
             p.start()
             ps.append(p)
@@ -185,10 +206,11 @@ def measure(args, workers: int, chunk_ms: int, n: int, redis_url: str, tmp: Path
     )
     srv = LiveServer(s, process=True, log_path=tmp / f"w{workers}-c{chunk_ms}-n{n}.log").start()
     try:
-        run_load(srv.ws, args.model, min(n, 4), chunk_ms, 1.5, 1)  # warm-up (lazy allocations)
+        opts = {"mode": args.mode, "speech_share": args.speech_share}
+        run_load(srv.ws, args.model, min(n, 4), chunk_ms, 1.5, 1, opts)  # warm-up
         time.sleep(0.5)
         idle = tree_rss(srv.proc.pid)
-        res = run_load(srv.ws, args.model, n, chunk_ms, args.seconds, args.client_procs)
+        res = run_load(srv.ws, args.model, n, chunk_ms, args.seconds, args.client_procs, opts)
         lags = [x for r in res for x in r["lags"]]
         finals = [r["final_ms"] for r in res if r["final_ms"] == r["final_ms"]]
         errors = [r["error"] for r in res if r["error"]]
@@ -210,6 +232,7 @@ def measure(args, workers: int, chunk_ms: int, n: int, redis_url: str, tmp: Path
         "first_error": errors[0] if errors else "",
         "real_time": ok,
         "kib_per_stream": (peak - idle) / 1024 / n,
+        "detections": sum(r["detections"] for r in res),
         "rss_mb": peak / 2**20,
     }
 
@@ -249,6 +272,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--seconds", type=float, default=10.0, help="audio per stream")
     ap.add_argument("--client-procs", type=int, default=2)
+    ap.add_argument("--mode", choices=["utterance", "continuous"], default="utterance")
+    ap.add_argument("--speech-share", type=float, default=1.0, help="voiced share of the audio")
     ap.add_argument("--rt-lag-ms", type=float, default=300.0)
     ap.add_argument("--rt-final-ms", type=float, default=500.0)
     ap.add_argument("--stop-after-miss", action="store_true", help="skip larger N once one misses")
@@ -293,6 +318,8 @@ def main() -> None:
             best[key] = max(best.get(key, 0), r["streams"])
     lines = [
         f"Command: `{command_line()}`  ",
+        f"Mode {args.mode}, voiced share of the audio {args.speech_share:g}, {args.seconds:g} s per "
+        f"stream, model {args.model}.",
         f"Machine: {machine()}, load average {os.getloadavg()[0]:.1f} at the end.",
         "",
         table,
