@@ -406,3 +406,36 @@ def test_configured_options_survive_a_resume(srv, kws_dir):
     final = asyncio.run(main())
     got = [(d["label"], d["end_ms"]) for d in final["detections"]]
     assert got == offline(kws_dir, x, listen=[first])
+
+
+def test_an_idle_continuous_stream_parks_and_continues_exactly(kws_dir):
+    """Parking seals the listener (gate, detector, detections) with the state: a continuous
+    stream parked half-way, then fed the rest, detects exactly what the runtime does."""
+    x = words()
+    data = s16(x)
+    want = offline(kws_dir, x)
+    settings = make_settings(kws_dir, park_after_idle_s=0.3, max_chunk_frames=64)
+    with LiveServer(settings) as srv:
+
+        async def main():
+            ws, ready = await speech_start(srv.ws, mode="continuous", interim_results=False)
+            cut = len(data) // 2 // 3200 * 3200
+            for i in range(0, cut, 3200):
+                await ws.send(data[i : i + 3200])
+            sess = srv.app.state.sessions.live[ready["session_id"]]
+            await eventually(lambda: sess.parked, timeout=10)
+            for i in range(cut, len(data), 3200):  # the next frame brings it back
+                await ws.send(data[i : i + 3200])
+            await send_json(ws, {"type": "end"})
+            seen = []
+            while (m := await recv_json(ws, timeout=60))["type"] != "final":
+                seen.append(m)
+            await ws.close()
+            return seen, m
+
+        seen, final = asyncio.run(main())
+        parked = srv.app.state.dlr.metrics.evictions.labels(NAME, "parked_idle")._value.get()
+    assert parked >= 1
+    assert dets(seen) == want
+    assert [(d["label"], d["end_ms"]) for d in final["detections"]] == want
+    assert [m["index"] for m in seen if m["type"] == "detection"] == list(range(1, len(want) + 1))
