@@ -33,6 +33,29 @@ class Conn:
         self.lock = asyncio.Lock()
         self.model = ""  # for eviction metrics
         self.last_final: dict | None = None  # a resumed session's replayed final
+        # idle watchdog: one timer per connection, re-armed from the time of the receive in
+        # progress, instead of a timeout context (a timer handle) per received message
+        self._since = 0.0  # loop time the current receive began
+        self._receiver: asyncio.Task | None = None  # the task waiting in receive(), if any
+        self._watch: asyncio.TimerHandle | None = None
+        self._idle_cancel: int | None = None  # cancelling() count before the watchdog cancelled
+
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._watch = loop.call_at(self._since + self.settings.idle_timeout_s, self._check)
+
+    def _check(self) -> None:
+        """Watchdog: cancel the waiting receive once it has waited idle_timeout_s; stop when
+        no receive is pending (the next one re-arms)."""
+        self._watch = None
+        task = self._receiver
+        if task is None or task.done():
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._since >= self.settings.idle_timeout_s:
+            self._idle_cancel = task.cancelling()
+            task.cancel()
+        else:
+            self._arm(loop)
 
     @property
     def open(self) -> bool:
@@ -66,16 +89,26 @@ class Conn:
 
     async def receive(self) -> tuple[str | None, bytes | None]:
         """Next message as (text, None) or (None, bytes), enforcing idle timeout and size."""
+        loop = asyncio.get_running_loop()
+        self._since = loop.time()
+        self._receiver = asyncio.current_task()
+        if self._watch is None:
+            self._arm(loop)
         try:
-            async with asyncio.timeout(self.settings.idle_timeout_s):  # (no Task per message)
-                msg = await self.ws.receive()
-        except TimeoutError:
+            msg = await self.ws.receive()
+        except asyncio.CancelledError:
+            task, before = self._receiver, self._idle_cancel
+            self._idle_cancel = None
+            if before is None or task is None or task.uncancel() > before:
+                raise  # cancelled by someone else (the server is stopping)
             raise await self.fail(
                 "idle_timeout",
                 f"no message for {self.settings.idle_timeout_s:g} s; the session is closed",
             ) from None
         except RuntimeError as e:  # receive after the server closed the socket
             raise Closed("gone", by_client=True, code=1006) from e
+        finally:
+            self._receiver = None
         if msg["type"] == "websocket.disconnect":
             raise Closed("client_closed", by_client=True, code=msg.get("code", 1006))
         text, data = msg.get("text"), msg.get("bytes")

@@ -68,6 +68,27 @@ def test_idle_eviction_tells_the_client_on_both_endpoints(models_dir):
         assert srv.app.state.dlr.sessions == 0  # an eviction is not kept for resume
 
 
+def test_messages_slower_than_the_idle_timeout_in_total_but_each_in_time_keep_it_open(models_dir):
+    """The idle watchdog (one timer per connection) measures from the receive in progress:
+    a message every 0.3 s keeps a 0.5 s idle timeout from firing for 2.4 s; then silence
+    closes it within about one timeout."""
+    with LiveServer(make_settings(models_dir, idle_timeout_s=0.5)) as srv:
+
+        async def main():
+            ws, _ = await speech_start(srv.ws, interim_results=False)
+            for _ in range(8):
+                await asyncio.sleep(0.3)
+                await ws.send(b"\0\0" * 160)
+            t0 = time.monotonic()
+            while (m := await recv_json(ws, timeout=10))["type"] != "error":
+                pass
+            return m, time.monotonic() - t0
+
+        msg, waited = asyncio.run(main())
+    assert msg["code"] == "idle_timeout"
+    assert 0.3 <= waited < 2.0, waited
+
+
 def test_backpressure_slows_then_closes_with_1013(models_dir):
     settings = make_settings(
         models_dir, backpressure_audio_s=0.5, backpressure_timeout_s=1.0, max_batch_wait_ms=0
