@@ -250,6 +250,7 @@ def _stream_eval(model, pools, rirs, seed, labels, frame_ms, base, opts, out) ->
     )
     point = KWSConfig(**{**asdict(base), "threshold": chosen.threshold, "keywords": {}})
     res["operating_point"] = point.to_dict()
+    res["fa_target"] = opts.fa_target  # what picked it: lowest threshold at <= this FA/h (valid)
     at = next(s for s in sweeps["test"] if s.threshold == chosen.threshold)
     res["test_at_operating_point"] = at.summary()
     res["valid_at_operating_point"] = chosen.summary()

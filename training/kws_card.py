@@ -175,7 +175,7 @@ Labels (index order): {", ".join(cfg.labels)}.
 Detection operating point (checkpoint metadata `"detection"`, read by
 `dlr_runtime.kws.KWSConfig.from_metadata`; the decision rule is `dlr_runtime.kws.KeywordSpotter`):
 threshold {point.get("threshold")}, smoothing {point.get("smooth_ms")} ms, refractory {point.get("refractory_ms")} ms,
-re-arm below {point.get("rearm")} x threshold; chosen as the lowest threshold with <= {GOAL_FA} false
+re-arm below {point.get("rearm")} x threshold; chosen as the lowest threshold with <= {ev["streams"].get("fa_target", GOAL_FA):g} false
 accepts per hour on the *valid* streams (never on test).
 
 Files: `model.safetensors` + `config.json`, `curves.png`, `metrics.csv`, `eval/eval.json`,

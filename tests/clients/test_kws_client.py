@@ -60,10 +60,12 @@ def test_library_yields_typed_detections_then_the_final(kws_server, words_wav):
     assert {e.label for e in only if isinstance(e, Detection)} == {dets[0].label}
 
 
-def test_configure_mid_stream_round_trip(kws_server, words_wav):
+def test_configure_mid_stream_round_trip(kws_server, tmp_path):
+    short = tmp_path / "first-words.wav"  # the first 3.5 s: a word fires, then configure
+    sf.write(short, words()[: int(3.5 * RATE)], RATE, subtype="PCM_16")
     with SpeechClient(kws_server.url, model=NAME) as c:
         events = []
-        for e in c.stream_file(words_wav, continuous=True, realtime=True, chunk_ms=100):
+        for e in c.stream_file(short, continuous=True, realtime=True, chunk_ms=100):
             events.append(e)
             if isinstance(e, Detection) and c.configured_ms is None:
                 assert c.detection["threshold"] < 1.0  # the model's operating point

@@ -1,9 +1,8 @@
 """Continuous mode with the shipped speech model over a real uvicorn server: espeak-ng
 commands with pauses come back as detections in order, once each, soon after each word.
 
-With non-command words in between, only the commands may fire: that needs a model with
-`_unknown_` (SC12); against the SC10 model it is an expected failure that turns into a pass
-once an SC12 model is shipped in models/speech-commands (the condition reads its labels).
+With non-command words in between, only the commands may fire (the model's `_unknown_`
+label). Each runs at the model's default operating point and at a user's lower threshold.
 """
 
 from __future__ import annotations
@@ -25,16 +24,19 @@ SHIPPED = Path(__file__).resolve().parents[2] / "models" / "speech-commands"
 HAS_SHIPPED = (SHIPPED / "config.json").is_file()
 SC12 = HAS_SHIPPED and "_unknown_" in read_header(SHIPPED)["config"].labels
 
-# The shipped SC12 model misses issue 12's goals in continuous streams (models/speech-commands/
-# MODEL.md: 3.7 % recall at its 0.97 operating point; here only 2-3 of 5 held-out espeak-ng
-# commands fire). strict: these turn into failures the day a model that hears them ships, so
-# this marker goes with it.
+# The shipped model's default operating point (threshold 0.9: the lowest with <= 10 false
+# accepts per hour on its valid streams, models/speech-commands/MODEL.md) is conservative:
+# these espeak-ng commands peak at smoothed posteriors of 0.76-0.94, so some stay under it
+# (strict xfail: it turns into a failure the day a model that clears it ships). At threshold
+# 0.6, a setting on the card's curve (77 % recall, 67 FA/h on its augmented test streams),
+# every command fires and no other word does (their command posteriors stay under 0.3).
 MISSES_RECALL_GOAL = pytest.mark.xfail(
-    SC12, strict=True, reason="the shipped SC12 model misses the continuous recall goal"
+    SC12, strict=True, reason="the shipped model's default threshold misses some commands"
 )
+USER_THRESHOLD = 0.6
+THRESHOLDS = [pytest.param(None, marks=MISSES_RECALL_GOAL, id="default"), USER_THRESHOLD]
 
 pytestmark = [
-    MISSES_RECALL_GOAL,
     pytest.mark.skipif(not HAS_SHIPPED, reason="no model in models/speech-commands"),
     pytest.mark.slow,
 ]
@@ -62,9 +64,12 @@ async def detections(url: str, x: np.ndarray, **start) -> list[dict]:
     return [d for d in out if d["type"] == "detection"]
 
 
-def test_commands_with_pauses_fire_once_each_in_order(live):
+@pytest.mark.parametrize("threshold", THRESHOLDS)
+def test_commands_with_pauses_fire_once_each_in_order(live, threshold):
     x, where = spoken_stream(COMMANDS)
-    opts = {} if SC12 else {"threshold": 0.9}  # the SC10 model has no operating point
+    if threshold is None and not SC12:
+        threshold = 0.9  # the SC10 model has no operating point
+    opts = {} if threshold is None else {"threshold": threshold}
     got = asyncio.run(detections(live.ws, x, **opts))
     assert [d["label"] for d in got] == COMMANDS
     for d, w in zip(got, where, strict=True):  # fires during the word or soon after it
@@ -72,7 +77,10 @@ def test_commands_with_pauses_fire_once_each_in_order(live):
         assert d["start_ms"] <= d["end_ms"]
 
 
-def test_only_the_commands_fire_among_other_words(live):
+@pytest.mark.parametrize("threshold", THRESHOLDS)
+def test_only_the_commands_fire_among_other_words(live, threshold):
     x, where = spoken_stream(MIXED)
-    got = asyncio.run(detections(live.ws, x))
+    got = asyncio.run(
+        detections(live.ws, x, **({} if threshold is None else {"threshold": threshold}))
+    )
     assert [d["label"] for d in got] == [w.word for w in where if w.word in COMMANDS]

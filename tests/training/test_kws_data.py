@@ -133,7 +133,6 @@ def test_voice_items_are_deterministic_from_the_seed():
         pytest.param(TTSVoice("espeak", "en-gb+m3", "espeak-m3"), marks=needs["espeak"]),
         pytest.param(FLITE_VOICES[2], marks=needs["flite"]),
         pytest.param(FESTIVAL_VOICES[1], marks=needs["festival"]),
-        pytest.param(FESTIVAL_ACCENTED[1], marks=needs["festival"]),  # czech_dita
         pytest.param(FESTIVAL_ACCENTED[9], marks=needs["festival"]),  # Russian, Cyrillic text
     ],
 )
