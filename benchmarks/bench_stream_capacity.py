@@ -41,7 +41,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness import append_results, command_line, machine, md_table  # noqa: E402
+from benchmarks.harness import append_results, machine, md_table  # noqa: E402
 
 RATE = 16000
 WARMUP_S = 1.0
@@ -317,7 +317,6 @@ def main() -> None:
             key = (r["workers"], r["chunk_ms"])
             best[key] = max(best.get(key, 0), r["streams"])
     lines = [
-        f"Command: `{command_line()}`  ",
         f"Mode {args.mode}, voiced share of the audio {args.speech_share:g}, {args.seconds:g} s per "
         f"stream, model {args.model}.",
         f"Machine: {machine()}, load average {os.getloadavg()[0]:.1f} at the end.",

@@ -130,8 +130,15 @@ def _loso_rows(loso: list[Path]) -> tuple[str, list[tuple[str, float]]]:
 
 
 def card(
-    run: Path, dest: Path, loso: list[Path], eval_cmd: str, loso_cmd: str, notes: str = ""
+    run: Path,
+    dest: Path,
+    loso: list[Path],
+    eval_cmd: str,
+    loso_cmd: str,
+    notes: str = "",
+    notes_path: Path | None = None,
 ) -> str:
+    notes_arg = f" --notes {notes_path}" if notes_path else ""
     summary = json.loads((run / "summary.json").read_text())
     header = read_header(dest)
     cfg = header["config"]
@@ -227,7 +234,7 @@ python -m training.data.corpus --cache-dir runs/sc12cache --workers 2
 {summary.get("command") or "(not recorded)"}
 {eval_cmd}
 {loso_cmd}
-python -m training.kws_card {run} {dest} --loso {" ".join(str(p) for p in loso)}
+python -m training.kws_card {run} {dest} --loso {" ".join(str(p) for p in loso)}{notes_arg}
 ```
 
 ## Results on held-out voices (clips)
@@ -313,7 +320,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             shutil.rmtree(args.dest / "eval")
         shutil.copytree(src_eval, args.dest / "eval")
     notes = args.notes.read_text().strip() if args.notes else ""
-    text = card(args.run, args.dest, args.loso, args.eval_command, args.loso_command, notes)
+    text = card(
+        args.run, args.dest, args.loso, args.eval_command, args.loso_command, notes, args.notes
+    )
     (args.dest / "MODEL.md").write_text(text)
     print(args.dest / "MODEL.md")
 

@@ -129,6 +129,13 @@ def test_thresholds_and_subsets_change_what_fires(srv, kws_dir):
     assert len(slow) == 1
 
 
+async def rest_until_final(ws, seen: list[dict]) -> dict:
+    """Every message (detections too) into `seen` until the final, which is returned."""
+    while (m := await recv_json(ws, timeout=60))["type"] != "final":
+        seen.append(m)
+    return m
+
+
 async def configured_stream(url: str, data: bytes, at: int, change: dict) -> tuple[list, dict]:
     """Send data[:at], a `configure` with `change`, the rest, end: (messages, configured)."""
     ws, _ = await speech_start(url, mode="continuous")
@@ -147,8 +154,7 @@ async def configured_stream(url: str, data: bytes, at: int, change: dict) -> tup
     for i in range(at, len(data), 3200):
         await ws.send(data[i : i + 3200])
     await send_json(ws, {"type": "end"})
-    while (m := await recv_json(ws, timeout=60))["type"] != "final":
-        seen.append(m)
+    m = await rest_until_final(ws, seen)
     await ws.close()
     assert [(d["label"], d["end_ms"]) for d in m["detections"]] == dets(seen)
     return seen, conf
@@ -397,11 +403,9 @@ def test_configured_options_survive_a_resume(srv, kws_dir):
         for i in range(again["bytes_received"], len(data), 3200):
             await ws2.send(data[i : i + 3200])
         await send_json(ws2, {"type": "end"})
-        seen = []
-        while (m := await recv_json(ws2, timeout=60))["type"] != "final":
-            seen.append(m)
+        final = await rest_until_final(ws2, [])
         await ws2.close()
-        return m
+        return final
 
     final = asyncio.run(main())
     got = [(d["label"], d["end_ms"]) for d in final["detections"]]
@@ -427,11 +431,10 @@ def test_an_idle_continuous_stream_parks_and_continues_exactly(kws_dir):
             for i in range(cut, len(data), 3200):  # the next frame brings it back
                 await ws.send(data[i : i + 3200])
             await send_json(ws, {"type": "end"})
-            seen = []
-            while (m := await recv_json(ws, timeout=60))["type"] != "final":
-                seen.append(m)
+            seen: list[dict] = []
+            final = await rest_until_final(ws, seen)
             await ws.close()
-            return seen, m
+            return seen, final
 
         seen, final = asyncio.run(main())
         parked = srv.app.state.dlr.metrics.evictions.labels(NAME, "parked_idle")._value.get()
