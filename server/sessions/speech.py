@@ -462,11 +462,15 @@ class SpeechSession(LiveSession):
             if not self._idle():  # (a batch reported meanwhile, or the session ended)
                 return False
             await d.park(self.sid, d.seal(self.m, blob, self.sid))
-            self.parked = True  # (before the awaits: a finish meanwhile frees no slot twice)
+            if not self.parked_in_time():  # finished during the store write
+                return False
+            # no await from the check to here: a finish from now on sees `parked` and frees
+            # no slot (the slot is closed below) and gives back the count taken here
+            self.parked = True
+            self.counted(-1)
             await self.stop_pump()
             self.m.scheduler.drop_stream(self.stream)
             await self.m.scheduler.close_slot(self.stream.slot)
-            self.counted(-1)
         return True
 
     async def unpark(self, conn: Conn | None) -> None:
@@ -482,6 +486,8 @@ class SpeechSession(LiveSession):
         try:
             extra = await m.scheduler.run_sync(m.engine.restore, slot, payload)
             _, stream, buffered, _ = await self.stream_of(self.store, m, slot, extra)
+            if self.closed:  # finished meanwhile (it gave back the count as parked)
+                raise Closed(self.end_reason or "closed")
         except BaseException:
             if stream is not None:
                 m.scheduler.drop_stream(stream)

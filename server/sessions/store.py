@@ -122,6 +122,7 @@ class LiveSession:
         self.sent_seq = sent_seq  # highest seq whose send succeeded
         self.conn: Conn | None = None
         self.closed = False
+        self.end_reason = ""  # why `finish` closed it
         self.completed = False  # its work is over; only a final message may await replay
         self.t0 = time.perf_counter()
         self.detached_since: float | None = None
@@ -162,6 +163,17 @@ class LiveSession:
 
     async def park(self) -> bool:
         """Seal the state into the parked tier and free the slot; False when not now."""
+        return False
+
+    def parked_in_time(self) -> bool:
+        """After `park` stored the state: True when the session may now give up its slot;
+        False when it was finished meanwhile (its slot is then already freed, and the state
+        just stored is dropped unless the end keeps it)."""
+        if not self.closed:
+            return True
+        d = self.store.ctx.durable
+        if d is not None and self.end_reason not in KEEP_STATE:
+            d.forget(self.sid)
         return False
 
     async def parked_state(self) -> bytes:
@@ -506,6 +518,7 @@ class SessionStore:
         if sess.closed:
             return
         sess.closed = True
+        sess.end_reason = reason
         self.live.pop(sess.sid, None)
         self.holding.pop(sess.sid, None)
         self._undetach(sess)

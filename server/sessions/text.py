@@ -21,6 +21,7 @@ from dlr_runtime.engine.slot_state import copy_state
 
 from ..admission import Refusal, pool_full, refusal
 from ..context import AppContext
+from ..errors import Closed
 from ..events import Done, Failed, GenEvent, Token
 from ..protocol import SamplingFields, TextAppend, TextFork, TextGenerate, TextStart
 from ..registry import ModelEntry
@@ -265,9 +266,11 @@ class TextLive(LiveSession):
             except SnapshotError:
                 return False
             await d.park(self.sid, d.seal(self.m, blob, self.sid))
-            self.parked = True  # (before the await: a finish meanwhile frees no slot twice)
-            await self.m.scheduler.close_slot(self.text.slot)
+            if not self.parked_in_time():  # finished during the store write
+                return False
+            self.parked = True  # (with the count, before the await: see SpeechSession.park)
             self.counted(-1)
+            await self.m.scheduler.close_slot(self.text.slot)
         return True
 
     def parkable_now(self) -> bool:
@@ -284,6 +287,8 @@ class TextLive(LiveSession):
         m = self.m
         try:
             extra = await m.scheduler.run_sync(m.engine.restore, slot, payload)
+            if self.closed:  # finished meanwhile (it gave back the count as parked)
+                raise Closed(self.end_reason or "closed")
             self.text = text_state(m, slot, extra)
         except BaseException:
             m.scheduler.release(slot)

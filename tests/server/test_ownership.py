@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 import httpx
 import pytest
@@ -65,6 +66,46 @@ def test_start_then_close_never_leaks_a_session_or_slot(models_dir):
         ready = asyncio.run(main())
         assert ready["sessions"] == 0 and not srv.app.state.sessions.live
         assert all(m.sessions == 0 for m in ctx.models.values())
+
+
+@pytest.mark.parametrize("path", [SPEECH, TEXT])
+def test_a_session_finished_while_it_is_being_parked_frees_its_slot_once(models_dir, path):
+    """The race behind a rare leak: a session closed while `park` waits for the parked
+    tier's write. It must end with its slot freed once, its count given back once, and no
+    parked state left behind."""
+    gate = threading.Event()
+    with LiveServer(make_settings(models_dir, park_after_idle_s=0.3)) as srv:
+        durable = srv.app.state.dlr.durable
+        real_park = durable.park
+        entered = threading.Event()
+
+        async def slow_park(sid: str, blob: bytes) -> None:
+            entered.set()
+            while not gate.is_set():  # (the store write is slow: the session ends meanwhile)
+                await asyncio.sleep(0.01)
+            await real_park(sid, blob)
+
+        durable.park = slow_park
+        ctx = srv.app.state.dlr
+        model = SPEECH_NAME if path == SPEECH else LM_NAME
+
+        async def main():
+            ws, ready = await (speech_start(srv.ws) if path == SPEECH else text_start(srv.ws))
+            sess = srv.app.state.sessions.live[ready["session_id"]]
+            await eventually(entered.is_set, timeout=10)
+            await ws.close()  # a clean close finishes the session during the write
+            await eventually(lambda: sess.closed, timeout=10)
+            gate.set()
+            await eventually(lambda: ctx.sessions == 0, timeout=10)
+            await eventually(lambda: ctx.models[model].engine.pool.in_use == 0, timeout=10)
+            await asyncio.sleep(0.3)  # (a second free or count would show by now)
+            return sess
+
+        sess = asyncio.run(main())
+        assert not sess.parked and sess.end_reason == "client_closed"
+        assert ctx.sessions == 0 and ctx.models[model].sessions == 0
+        assert ctx.models[model].engine.pool.in_use == 0
+        assert sess.sid not in durable.parked  # (the state written too late was dropped)
 
 
 def _blob(c: TestClient, model: str, extra: dict) -> bytes:
