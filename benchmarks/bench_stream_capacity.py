@@ -168,17 +168,22 @@ def tree_rss(pid: int) -> int:
     return total * 1024
 
 
-def engine_ceiling(model_dir: Path, chunk_ms: int, batch: int, seconds: float = 3.0) -> float:
-    """Real-time streams one engine thread sustains (compute only): batch x audio/compute."""
+def engine_ceiling(
+    model_dir: Path, chunk_ms: int, batch: int, backend: str, seconds: float = 3.0
+) -> float:
+    """Real-time streams one engine thread sustains (compute only): batch x audio/compute,
+    with the server's malloc settings (`keep_freed_memory`)."""
     import torch
 
     from dlr_runtime import load_recurrent
     from dlr_runtime.backends import make_backend
     from dlr_runtime.engine import Engine
+    from dlr_runtime.engine.malloc import keep_freed_memory
 
     torch.set_num_threads(1)
+    keep_freed_memory()
     rec = load_recurrent(model_dir)
-    eng = Engine(make_backend(rec, "torch"), model_dir.name, batch)
+    eng = Engine(make_backend(rec, backend), model_dir.name, batch)
     slots = [eng.open() for _ in range(batch)]
     n = RATE * chunk_ms // 1000
     x = torch.randn(batch, n) * 0.1
@@ -203,6 +208,7 @@ def measure(args, workers: int, chunk_ms: int, n: int, redis_url: str, tmp: Path
         state_secret="bench-secret-0123456789abcdef",
         torch_threads=1,
         log_level="warning",
+        **({"backend": args.backend} if args.backend else {}),
     )
     srv = LiveServer(s, process=True, log_path=tmp / f"w{workers}-c{chunk_ms}-n{n}.log").start()
     try:
@@ -272,6 +278,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--seconds", type=float, default=10.0, help="audio per stream")
     ap.add_argument("--client-procs", type=int, default=2)
+    ap.add_argument("--backend", default=None, help="the server's backend (default: its own)")
     ap.add_argument("--mode", choices=["utterance", "continuous"], default="utterance")
     ap.add_argument("--speech-share", type=float, default=1.0, help="voiced share of the audio")
     ap.add_argument("--rt-lag-ms", type=float, default=300.0)
@@ -301,7 +308,11 @@ def main() -> None:
     finally:
         if redis_proc is not None:
             redis_proc.stop()
-    ceil = {c: engine_ceiling(args.models_dir / args.model, c, 64) for c in args.chunk_ms}
+    ceil = {
+        (be, c): engine_ceiling(args.models_dir / args.model, c, 64, be)
+        for c in args.chunk_ms
+        for be in ("torch", "fused")  # the torch chunk form and the server's default
+    }
     plot(rows, args.plot)
     table = md_table(
         ["workers", "chunk ms", "streams", "lag p50 ms", "lag p99 ms", "final max ms", "errors",
@@ -318,7 +329,7 @@ def main() -> None:
             best[key] = max(best.get(key, 0), r["streams"])
     lines = [
         f"Mode {args.mode}, voiced share of the audio {args.speech_share:g}, {args.seconds:g} s per "
-        f"stream, model {args.model}.",
+        f"stream, model {args.model}, server backend {args.backend or 'default (fused)'}.",
         f"Machine: {machine()}, load average {os.getloadavg()[0]:.1f} at the end.",
         "",
         table,
@@ -327,8 +338,9 @@ def main() -> None:
         + ", ".join(f"{w} worker(s) / {c} ms: {n}" for (w, c), n in sorted(best.items()))
         + (" (none)" if not best else ""),
         "",
-        "Engine alone, same run (one thread, batches of 64, compute only): "
-        + ", ".join(f"{c} ms chunks: {v:.0f} real-time streams per core" for c, v in ceil.items()),
+        "Engine alone, same run (one thread, batches of 64, compute only), real-time streams "
+        "per core: "
+        + ", ".join(f"{be} backend, {c} ms chunks: {v:.0f}" for (be, c), v in ceil.items()),
         f"Plot: {args.plot.relative_to(ROOT) if args.plot.is_relative_to(ROOT) else args.plot}",
     ]
     text = "\n".join(lines)

@@ -8,7 +8,9 @@ batch of streams:
 
 - `step(x_t, state)`: one input per stream, O(H N) per layer.
 - `chunk(x, state)`: a block of T inputs per stream in the chunk form (`diagonal.diag_block`);
-  long inputs are cut into blocks of `max_block` so memory stays bounded.
+  long inputs are cut into blocks of `max_block` so memory stays bounded. A backend may pass
+  its own `block` (a `BlockFn`: layer i over a block, e.g. the fused kernel of
+  `backends.fused_block`) in place of the chunk form; everything around it stays this code.
 
 The state is a dict of batch-first tensors of fixed shape (`state_spec`), so a stream can
 be paused, stored, moved and resumed anywhere, including in the middle of an audio frame.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -32,7 +35,14 @@ from .model import BlockPointwise, DLRModel, Encoder, Head
 from .ssm import RecurrentParams
 from .state_spec import REAL_OF, Spec, State, init_state, state_bytes, state_spec
 
+# layer i over a block: (i, u (B, T, H), x0 (B, H, N), out) -> (y (B, T, H), x_end (B, H, N));
+# x_end is written into `out` (B, H, N) when given
+BlockFn = Callable[
+    [int, torch.Tensor, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]
+]
+
 __all__ = [  # framing helpers stay importable from here for older callers
+    "BlockFn",
     "RecurrentModel",
     "State",
     "advance_completed",
@@ -135,18 +145,21 @@ class RecurrentModel(nn.Module):
         return self.scores(state), state
 
     @torch.no_grad()
-    def chunk(self, x: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+    def chunk(
+        self, x: torch.Tensor, state: State, block: BlockFn | None = None
+    ) -> tuple[torch.Tensor, State]:
         """A block of T inputs per stream: token ids (B, T) or audio samples (B, T).
 
         Returns (y, new_state) with y (B, T', out_dim): the output after each position
-        (T' = T for tokens; for audio, one per frame completed in this chunk).
+        (T' = T for tokens; for audio, one per frame completed in this chunk). `block`
+        replaces the chunk form of each layer (default: `_ssm_chunk`).
         """
         state = dict(state)
         if self.config.encoder == "tokens":
-            return self._core_chunk(self.encoder.embed(x), state)
+            return self._core_chunk(self.encoder.embed(x), state, block)
 
         def run(frames: torch.Tensor, sub: State) -> tuple[torch.Tensor, State]:
-            return self._core_chunk(self.encoder.encode_frames(frames), sub)
+            return self._core_chunk(self.encoder.encode_frames(frames), sub, block)
 
         return audio_chunk(x.to(self.rdtype), state, self.config.frame_stride, run)
 
@@ -179,15 +192,18 @@ class RecurrentModel(nn.Module):
             return self.scores(state), state
         return self.head.proj(f), state
 
-    def _core_chunk(self, h: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+    def _core_chunk(
+        self, h: torch.Tensor, state: State, block: BlockFn | None = None
+    ) -> tuple[torch.Tensor, State]:
         """Positions h (B, T, H) through all layers and the head."""
         if h.shape[1] == 0:
             return h.new_zeros(h.shape[0], 0, self.config.out_dim), state
+        layer = self._ssm_chunk if block is None else block
         ssm_in = state["ssm"]
         ssm_out = torch.empty_like(ssm_in)  # each layer writes its final state in place
         for i, pw in enumerate(self.blocks):
             u = pw.pre(h)  # (B, T, H)
-            s, _ = self._ssm_chunk(i, u, ssm_in[:, i], out=ssm_out[:, i])
+            s, _ = layer(i, u, ssm_in[:, i], ssm_out[:, i])
             h = pw.post(h, s)
         state["ssm"] = ssm_out
         f = self.head.features(h)  # (B, T, H)

@@ -15,6 +15,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.cors import CORSMiddleware
 
+from dlr_runtime.engine.malloc import keep_freed_memory
+
 from .context import AppContext
 from .drain import restore_dir
 from .durable import Durable
@@ -35,6 +37,8 @@ log = logging.getLogger("dlr.server")
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
+    if settings.keep_freed_memory:
+        keep_freed_memory()
     st = AppContext(settings=settings, metrics=Metrics())
     store = SessionStore(st)
     st.metrics.watch_prefix_caches(

@@ -25,14 +25,21 @@ class Settings(BaseSettings):
     backend: Literal["auto", "torch", "fused", "torch-fast", "onnx"] = Field(
         "fused",
         description=(
-            "inference backend: fused (default: numba decode step of token LMs, the fastest"
-            " measured here, benchmarks/RESULTS.md; the torch form for everything else and"
-            " wherever numba cannot build), torch, torch-fast (compiled step / CUDA graphs),"
-            " onnx, or auto (time the candidates at startup, keep the fastest)"
+            "inference backend: fused (default: numba decode step of token LMs and numba"
+            " layer block of audio chunks, the fastest measured here, benchmarks/RESULTS.md;"
+            " the torch form wherever numba cannot build), torch, torch-fast (compiled step /"
+            " CUDA graphs), onnx, or auto (time the candidates at startup, keep the fastest)"
         ),
     )
     state_dtype: Literal["complex64", "complex128"] = Field(
         "complex64", description="dtype of the recurrent state"
+    )
+    keep_freed_memory: bool = Field(
+        True,
+        description=(
+            "glibc malloc keeps freed batch tensors for reuse instead of unmapping them"
+            " (no page faults per batch; dlr_runtime/engine/malloc.py)"
+        ),
     )
     torch_threads: int = Field(
         1,

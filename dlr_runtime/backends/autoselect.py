@@ -37,9 +37,9 @@ def build(rec: RecurrentModel, name: str) -> Any:
 
         return OnnxBackend.from_recurrent(rec)
     if name == "fused":
-        from .fused import FusedBackend  # noqa: PLC0415  (numba only when asked for)
+        from .fused import build_fused  # noqa: PLC0415  (numba only when asked for)
 
-        return FusedBackend(rec)
+        return build_fused(rec)
     if name == "torch-fast":
         from .torch_compiled import FastTorchBackend  # noqa: PLC0415
 
@@ -48,8 +48,8 @@ def build(rec: RecurrentModel, name: str) -> Any:
 
 
 def default_candidates(rec: RecurrentModel) -> tuple[str, ...]:
-    """What "auto" compares for `rec`: on CUDA torch-fast and onnx; on the CPU fused (token
-    LMs, with numba), torch and onnx."""
+    """What "auto" compares for `rec`: on CUDA torch-fast and onnx; on the CPU fused (with
+    numba), torch and onnx."""
     if rec.device.type == "cuda":
         return ("torch-fast", "onnx")
     from .fused import fused_supported  # noqa: PLC0415

@@ -7,8 +7,9 @@ inner loop vectorises; `to_canonical` / `from_canonical` convert. Prefill (`chun
 wrapped model's chunk form on the canonical state. Measured on the shipped byte
 LM (benchmarks/bench_decode.py): ~5x the torch step's tokens/s at batch 1.
 
-Fallbacks: without numba, or for a model not on the CPU (CUDA paths are untested here),
-`make_fused` returns the `RecurrentModel` itself and logs why.
+Audio models get `fused_audio.FusedAudioBackend` instead (the layer block of the chunk form
+fused; `build_fused` picks). Fallbacks: without numba, or for a model not on the CPU (CUDA
+paths are untested here), `make_fused` returns the `RecurrentModel` itself and logs why.
 """
 
 from __future__ import annotations
@@ -110,20 +111,31 @@ def fused_supported(rec: RecurrentModel) -> str | None:
         return "numba is not installed"
     if rec.device.type != "cpu":
         return f"the fused step is CPU-only and the model is on {rec.device}"
+    if cfg.encoder == "audio":
+        return None  # the fused layer block in the chunk form (`fused_audio`)
     if cfg.encoder != "tokens" or cfg.decoder != "lm":
-        return "the fused step serves token language models only"
+        return "the fused step serves token language models and audio models only"
     return None
 
 
+def build_fused(rec: RecurrentModel) -> Backend:
+    """The fused backend of `rec`'s kind: `FusedBackend` (token LM decode step) or
+    `FusedAudioBackend` (audio chunk). Raises where it cannot be built."""
+    if rec.config.encoder == "audio":
+        from .fused_audio import FusedAudioBackend  # noqa: PLC0415
+
+        return FusedAudioBackend(rec)
+    return FusedBackend(rec)
+
+
 def make_fused(rec: RecurrentModel) -> Backend:
-    """`FusedBackend(rec)`, or `rec` itself (logged) where the fused step cannot serve it."""
+    """`build_fused(rec)`, or `rec` itself (logged) where the fused path cannot serve it."""
     why = fused_supported(rec)
     if why is not None:
-        level = logging.INFO if rec.config.decoder != "lm" else logging.WARNING
-        log.log(level, "fused backend unavailable (%s); using the torch step", why)
+        log.warning("fused backend unavailable (%s); using the torch step", why)
         return rec
     try:
-        return FusedBackend(rec)
+        return build_fused(rec)
     except Exception as e:  # noqa: BLE001  (e.g. numba cannot compile or cache here)
         log.warning("fused backend failed to build (%s); using the torch step", e)
         return rec

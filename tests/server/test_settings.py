@@ -54,6 +54,7 @@ def test_every_runtime_backend_can_be_chosen_for_the_server(tmp_path):
     s = parse_settings(["--backend", "fused", "--models-dir", str(write_models(tmp_path))])
     models = load_models(s, Metrics())
     names = {e.kind: e.engine.backend.name for e in models.values()}
-    assert names == {"lm": "fused", "speech": "torch"}  # the fused step is for token LMs
+    assert names == {"lm": "fused", "speech": "fused"}  # decode step / audio chunk block
     assert parse_settings(["--backend", "torch-fast"]).backend == "torch-fast"
-    assert parse_settings([]).backend == "fused"  # the default: fastest measured decode step
+    assert parse_settings([]).backend == "fused"  # the default: fastest measured
+    assert parse_settings([]).keep_freed_memory
