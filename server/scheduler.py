@@ -7,9 +7,10 @@ iteration takes
 
 - every running generation's next decode step (continuous batching, up to `max_batch_size`),
 - waiting prefills (new prompts, appended text) up to `max_batch_size` rows,
-- speech streams with pending audio, each feeding a power-of-two number of whole frames (at most
-  `max_chunk_frames`) so streams with equal amounts share a call; the partial-frame tail is fed
-  only at end of stream,
+- speech streams with pending audio, each feeding all its whole frames (at most
+  `max_chunk_frames`; streams with equal amounts share a backend call: clients sending equal
+  chunks at real-time pace mostly fall in one group); the partial-frame tail is fed only at
+  end of stream,
 
 and, when no generation is running, first waits up to `max_batch_wait` for more arrivals.
 Results go back through one typed queue per generation (`Token`* then `Done` | `Failed`) and
@@ -339,8 +340,7 @@ class Scheduler:
             if s.ended:
                 n = s.buffered
             else:
-                k = min(s.buffered // s.stride, self.max_chunk_frames)
-                n = (1 << (k.bit_length() - 1)) * s.stride
+                n = min(s.buffered // s.stride, self.max_chunk_frames) * s.stride
             b.audio.append((s, s.take(n)))
             final = s.ended and s.buffered == 0
             s.final_sent = s.final_sent or final
