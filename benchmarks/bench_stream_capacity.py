@@ -203,12 +203,15 @@ def measure(args, workers: int, chunk_ms: int, n: int, redis_url: str, tmp: Path
         device="cpu",
         models_dir=args.models_dir,
         max_sessions=max(n + 16, 256),
+        max_connections_per_client=0,  # (every stream comes from 127.0.0.1)
         workers=workers,
         state_store=redis_url if workers > 1 else "",
         state_secret="bench-secret-0123456789abcdef",
         torch_threads=1,
         log_level="warning",
         **({"backend": args.backend} if args.backend else {}),
+        **({"max_batch_size": args.max_batch_size} if args.max_batch_size else {}),
+        **({"max_batch_wait_ms": args.max_batch_wait_ms} if args.max_batch_wait_ms >= 0 else {}),
     )
     srv = LiveServer(s, process=True, log_path=tmp / f"w{workers}-c{chunk_ms}-n{n}.log").start()
     try:
@@ -279,6 +282,10 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0, help="audio per stream")
     ap.add_argument("--client-procs", type=int, default=2)
     ap.add_argument("--backend", default=None, help="the server's backend (default: its own)")
+    ap.add_argument("--max-batch-size", type=int, default=0, help="the server's (0: its default)")
+    ap.add_argument(
+        "--max-batch-wait-ms", type=float, default=-1, help="the server's (-1: its default)"
+    )
     ap.add_argument("--mode", choices=["utterance", "continuous"], default="utterance")
     ap.add_argument("--speech-share", type=float, default=1.0, help="voiced share of the audio")
     ap.add_argument("--rt-lag-ms", type=float, default=300.0)
@@ -329,7 +336,9 @@ def main() -> None:
             best[key] = max(best.get(key, 0), r["streams"])
     lines = [
         f"Mode {args.mode}, voiced share of the audio {args.speech_share:g}, {args.seconds:g} s per "
-        f"stream, model {args.model}, server backend {args.backend or 'default (fused)'}.",
+        f"stream, model {args.model}, server backend {args.backend or 'default (fused)'}, max batch "
+        f"size {args.max_batch_size or 'default (64)'}, max batch wait "
+        f"{args.max_batch_wait_ms if args.max_batch_wait_ms >= 0 else 'default (2)'} ms.",
         f"Machine: {machine()}, load average {os.getloadavg()[0]:.1f} at the end.",
         "",
         table,

@@ -60,8 +60,11 @@ def md_table(headers: list[str], rows: list[list[object]]) -> str:
 
 
 def command_line() -> str:
+    """The command as run (with the `nice` level it ran at, if any)."""
+    level = os.nice(0)
     return (
-        "nice -n 10 .venv/bin/python -m "
+        (f"nice -n {level} " if level else "")
+        + ".venv/bin/python -m "
         + Path(sys.argv[0]).stem.join(["benchmarks.", ""])
         + (" " + " ".join(sys.argv[1:]) if len(sys.argv) > 1 else "")
     )
@@ -74,10 +77,10 @@ def append_results(path: str | Path | None, title: str, body: str) -> None:
     text = (
         f"\n## {title}\n\n"
         f"Command: `{command_line()}`  \n"
-        f"Machine: {machine()}. The CPU is shared with other jobs (run with nice -n 10), so "
-        f"absolute numbers are noisy (medians are reported); ratios measured in the same run "
-        f"are the robust part. One thread per process: with 2 threads on the busy 2-core "
-        f"machine, torch ops ran ~10x slower (threads spin waiting for each other).\n\n"
+        f"Machine: {machine()}. Absolute numbers on this shared virtual machine are noisy "
+        f"(medians are reported); ratios measured in the same run are the robust part. One "
+        f"torch thread per process: with 2 threads on the busy 2-core machine, torch ops ran "
+        f"~10x slower (threads spin waiting for each other).\n\n"
         f"{body}\n"
     )
     with open(path, "a") as f:
