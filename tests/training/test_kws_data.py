@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from training.data import codecs
 from training.data.corpus import CorpusConfig, all_tts_voices, generate, render_items, voice_items
 from training.data.engines import (
     FESTIVAL_ACCENTED,
@@ -18,6 +19,7 @@ from training.data.engines import (
     engine_text,
 )
 from training.data.labels import SC10_LABELS
+from training.data.rooms import RoomConfig
 from training.data.sc12 import IGNORE, SIL, UNK, KWSWindows, WindowConfig, WordPool, clip_windows
 from training.data.splits import PRESETS, check_disjoint, split_voices
 from training.data.vocab import (
@@ -164,6 +166,10 @@ def test_generate_caches_per_voice_and_workers_do_not_matter(tmp_path):
 
 def _pool() -> WordPool:
     """A synthetic pool (tones as words), no synthesizer needed."""
+    return WordPool.from_voices(_voices())
+
+
+def _voices() -> list:
     from training.data.corpus import VoiceClips
 
     rng = np.random.default_rng(0)
@@ -186,7 +192,7 @@ def _pool() -> WordPool:
             np.array([SC12_LABELS[i] for i in labels]),
         )
         voices.append(vc)
-    return WordPool.from_voices(voices)
+    return voices
 
 
 def test_windows_are_deterministic_and_targets_follow_words():
@@ -221,3 +227,70 @@ def test_clip_windows_place_the_word_near_the_end():
         tail = (24000 - active[-1]) / 16000
         assert 0.14 <= tail <= 0.46
     assert torch.equal(audio, clip_windows(pool, [0, 3, 12], [], seed=0, augment=False))
+
+
+needs_ffmpeg = pytest.mark.skipif(not codecs.available(), reason="ffmpeg not installed")
+
+
+@needs_ffmpeg
+@pytest.mark.parametrize("codec", [codecs.Codec("mp3", 32), codecs.Codec("opus", 12)])
+def test_codec_round_trip_keeps_every_clip_in_place(codec):
+    from scipy import signal
+
+    vc = _voices()[0]
+    clips = [vc.audio[vc.offsets[i] : vc.offsets[i + 1]] for i in range(6)]
+    chirp = signal.chirp(np.arange(8000) / 16000, 100, 0.5, 7000) * 0.5 * 32767
+    clips.append(chirp.astype(np.int16))  # energy up to 7 kHz: what low bitrates cut
+    out = codecs.roundtrip_clips(clips, codec)
+    assert [len(c) for c in out] == [len(c) for c in clips]
+    for a, b in zip(clips, out, strict=True):
+        a, b = a.astype(np.float64), b.astype(np.float64)
+        assert b.any() and not np.array_equal(a, b)  # lossy, not lost
+        xc = signal.correlate(b, a, mode="full")
+        lag = int(np.argmax(xc)) - (len(a) - 1)
+        assert abs(lag) <= 16  # in place to within 1 ms
+        assert np.dot(a, b) / np.sqrt(np.dot(a, a) * np.dot(b, b)) > 0.8
+    spec = lambda x: np.abs(np.fft.rfft(x.astype(np.float64)))  # noqa: E731
+    hi = slice(len(spec(clips[-1])) * 6 // 8, None)  # 6-8 kHz
+    assert spec(out[-1])[hi].sum() < spec(clips[-1])[hi].sum()
+
+
+@needs_ffmpeg
+def test_coded_voices_are_cached_and_each_voice_keeps_its_codec(tmp_path):
+    cfg = CorpusConfig()
+    vc = _voices()[1]
+    a = codecs.coded_voice(tmp_path, cfg, vc)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    tag = codecs.codec_for(vc.voice.key, cfg.seed).tag
+    assert len(files) == 1 and files[0].startswith(f"codec-{tag}-")
+    b = codecs.coded_voice(tmp_path, cfg, vc)  # from the cache
+    assert sorted(p.name for p in tmp_path.iterdir()) == files
+    assert np.array_equal(a.audio, b.audio) and np.array_equal(a.offsets, vc.offsets)
+    assert len(a.audio) == len(vc.audio) and not np.array_equal(a.audio, vc.audio)
+    assert codecs.codec_for("espeak:en-us+m1", 0) == codecs.codec_for("espeak:en-us+m1", 0)
+    assert len({codecs.codec_for(f"voice{i}", 0).tag for i in range(50)}) >= 5  # a spread
+
+
+def test_windows_take_words_from_the_coded_copy_with_codec_prob():
+    voices = _voices()
+
+    class Spy(WordPool):
+        def audio(self, i: int, coded: bool = False) -> np.ndarray:
+            self.calls.append(coded)
+            return super().audio(i, coded)
+
+    def coded_share(prob: float, with_copy: bool = True) -> float:
+        base = WordPool.from_voices(voices, voices if with_copy else None)
+        pool = Spy(**base.__dict__)
+        pool.calls = []
+        ds = KWSWindows(pool, [], WindowConfig(room=RoomConfig(codec_prob=prob)), length=200)
+        for i in range(200):
+            ds[i]
+        words = len(pool.calls) - 12 * 200  # (each window also mixes 12 clean babble words)
+        return sum(pool.calls) / words
+
+    assert coded_share(1.0) == 1.0 and coded_share(0.0) == 0.0
+    assert 0.15 < coded_share(0.25) < 0.35
+    assert coded_share(1.0, with_copy=False) == 0.0
+    with pytest.raises(ValueError, match="match"):
+        WordPool.from_voices(voices, voices[::-1])

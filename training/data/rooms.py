@@ -12,8 +12,8 @@ from (seed, epoch, index)):
 - Microphone/channel: telephone band (300-3400 Hz, 4th-order Butterworth, half of the time
   through 8 kHz and back, half of those through a G.711 mu-law round trip with
   ``torchaudio.functional``), random low-pass (2-7 kHz) or high-pass (80-400 Hz) with
-  **scipy.signal**. Lossy MP3/Opus round trips through ffmpeg are not used yet: a process per
-  clip costs more than a training step, and the bulk (one call per voice) variant is future work.
+  **scipy.signal**. Lossy MP3 / Opus round trips through ffmpeg: in bulk, one ffmpeg run per
+  voice, cached (``codecs.py``); a word is taken from its coded copy with ``codec_prob``.
 - Background: noise of several colours (white..brown, ``audio.colored_noise``), hum
   (50/60 Hz and harmonics), babble (other synthesized words mixed at random times), digital
   near-silence; gain from whisper-quiet (-45 dBFS) to clipping (+10 dB, hard clip).
@@ -55,6 +55,7 @@ class RoomConfig:
     silence_dbfs: tuple[float, float] = (-70.0, -15.0)  # background level of word-less windows
     peak_dbfs: tuple[float, float] = (-45.0, 0.0)  # window peak level before clipping
     clip_prob: float = 0.05  # drive the window 0-10 dB into hard clipping
+    codec_prob: float = 0.25  # a word from its MP3 / Opus copy (where the pool has them)
 
 
 def rir_bank(

@@ -68,13 +68,23 @@ class WordPool:
     voices: np.ndarray  # str (N,), voice key "engine:name"
     engines: np.ndarray  # str (N,)
     speakers: np.ndarray  # str (N,)
+    coded: list[np.ndarray] | None = None  # the same clips after a lossy codec (codecs.py)
 
     @classmethod
-    def from_voices(cls, voices: Sequence[VoiceClips]) -> WordPool:
+    def from_voices(
+        cls, voices: Sequence[VoiceClips], coded: Sequence[VoiceClips] | None = None
+    ) -> WordPool:
+        """The clips of `voices`; `coded`: the same voices through their codecs, in order."""
         clips, labels, words, keys, engines, speakers = [], [], [], [], [], []
-        for vc in voices:
+        if coded is not None and [c.voice.key for c in coded] != [v.voice.key for v in voices]:
+            raise ValueError("coded voices must match the voices, in order")
+        coded_clips: list[np.ndarray] | None = [] if coded is not None else None
+        for k, vc in enumerate(voices):
             for i in range(len(vc)):
                 clips.append(vc.audio[vc.offsets[i] : vc.offsets[i + 1]])
+                if coded_clips is not None and coded is not None:
+                    cv = coded[k]
+                    coded_clips.append(cv.audio[cv.offsets[i] : cv.offsets[i + 1]])
             n = len(vc)
             labels.append(vc.labels)
             words.append(vc.words)
@@ -88,13 +98,16 @@ class WordPool:
             np.array(keys, dtype=str),
             np.array(engines, dtype=str),
             np.array(speakers, dtype=str),
+            coded_clips,
         )
 
     def __len__(self) -> int:
         return len(self.labels)
 
-    def audio(self, i: int) -> np.ndarray:
-        return self.clips[i].astype(np.float32) / 32767.0
+    def audio(self, i: int, coded: bool = False) -> np.ndarray:
+        """Clip `i` as float32; `coded`: its lossy-codec copy (needs `self.coded`)."""
+        src = self.coded if coded and self.coded is not None else self.clips
+        return src[i].astype(np.float32) / 32767.0
 
 
 def _place(x: np.ndarray, word: np.ndarray, onset: int) -> None:
@@ -175,9 +188,9 @@ class KWSWindows(Dataset):
         sr = SAMPLE_RATE
         for _ in range(n_words):
             label = self._event_label(rng)
-            word, speech_len = word_effects(
-                self.pool.audio(self._pick(label, rng)), rc, self.rirs, rng
-            )
+            i = self._pick(label, rng)
+            coded = self.pool.coded is not None and rng.random() < rc.codec_prob
+            word, speech_len = word_effects(self.pool.audio(i, coded), rc, self.rirs, rng)
             _place(x, word, pos)
             end = pos + speech_len
             seg = word[max(0, -pos) : max(0, min(len(word), n - pos))]

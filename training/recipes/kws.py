@@ -27,12 +27,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
+from tqdm import tqdm
 
 from dlr_runtime import DLRModel, save_checkpoint, to_recurrent
 from dlr_runtime.frontend import LogMel, mel_filterbank
 from dlr_runtime.kws import KWSConfig
 from dlr_runtime.model import frames_of
 from training.config import TrainConfig
+from training.data import codecs
 from training.data.corpus import CorpusConfig, all_tts_voices, generate
 from training.data.labels import SAMPLE_RATE
 from training.data.rooms import rir_bank
@@ -71,6 +73,7 @@ class KWSOptions:
     vtlp: bool = True  # warp the mel filterbank per training window
     label_smoothing: float = 0.05  # cross-entropy label smoothing
     tiny_corpus: bool = False  # a few voices and words only (tests and smoke runs)
+    codecs: bool = True  # training words also through MP3 / Opus (ffmpeg; data/codecs.py)
 
 
 def corpus_config(opts: KWSOptions, seed: int) -> CorpusConfig:
@@ -98,7 +101,16 @@ def load_split(opts: KWSOptions, seed: int) -> dict[str, WordPool]:
     check_disjoint(split)
     keep = [v for vs in split.values() for v in vs]
     clips = generate(ccfg, opts.cache_dir, opts.workers, voices=keep)
-    return {name: WordPool.from_voices([clips[v.key] for v in vs]) for name, vs in split.items()}
+    pools = {}
+    for name, vs in split.items():
+        clean = [clips[v.key] for v in vs]
+        coded = None
+        if name == "train" and opts.codecs:
+            if not codecs.available():
+                raise RuntimeError("--codecs needs ffmpeg (scripts/setup.sh installs it)")
+            coded = [codecs.coded_voice(opts.cache_dir, ccfg, vc) for vc in tqdm(clean, "codecs")]
+        pools[name] = WordPool.from_voices(clean, coded)
+    return pools
 
 
 class WarpedFrontend:
