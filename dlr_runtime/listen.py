@@ -6,10 +6,11 @@
 
 `feed_listening(engine, slots, listeners, chunks)` runs on the engine thread: each stream's
 gate turns its chunk of whole frames into runs (compute after a reset / skip, see vad.py),
-computed runs are cut into power-of-two pieces (a whole chunk from the scheduler already is
-one); the pieces of every stream are fed round by round (each round one `engine.feed_audio`
-call for all streams that have a piece to compute, so equal pieces share the backend call and
-the backend's cached block constants are reused), and every
+computed runs are fed whole (cutting them into power-of-two pieces, so that equal pieces of
+streams share a call, cost 1.6x the CPU in benchmarks/bench_kws.py: more, smaller calls); the
+runs of every stream are fed round by round (each round one `engine.feed_audio` call for all
+streams that have a run to compute; streams with runs of equal length share the backend
+call), and every
 frame reaches the detector in stream order: computed frames as their class scores, skipped
 frames as the quiet posterior (`KeywordSpotter.skip`). Pre-roll frames re-fed after a reset
 are not pushed again (the detector saw them when they were skipped).
@@ -99,30 +100,16 @@ class _Step:
     skip: int = 0
 
 
-def _pieces(n: int) -> list[int]:
-    """Power-of-two frame counts, largest first, that sum to n (few distinct lengths: the
-    backend's cached block constants are reused and equal pieces of streams share a call)."""
-    out, bit = [], 1 << max(n.bit_length() - 1, 0)
-    while n:
-        if n >= bit:
-            out.append(bit)
-            n -= bit
-        bit >>= 1
-    return out
-
-
 def _steps(runs: list[Run], stride: int) -> list[_Step]:
+    """One step per run: compute it whole (after a reset, its pre-roll `lead` frames are
+    computed but not pushed again), or skip it."""
     steps: list[_Step] = []
     for run in runs:
         if not run.feed:
             steps.append(_Step(skip=run.frames))
             continue
-        at = 0
-        for k, n in enumerate(_pieces(run.lead + run.frames)):
-            piece = run.samples[at * stride : (at + n) * stride]
-            drop = min(max(run.lead - at, 0), n)
-            steps.append(_Step(piece, run.reset and k == 0, drop))
-            at += n
+        n = run.lead + run.frames
+        steps.append(_Step(run.samples[: n * stride], run.reset, min(run.lead, n)))
     return steps
 
 
