@@ -141,6 +141,7 @@ class KeywordSpotter:
         self.last_fire = -(10**9)
         self.armed = np.ones(len(self.cmd_idx), bool)
         self.rise = np.zeros(len(self.cmd_idx), np.int64)  # frame each command began rising
+        self.quiet_rows = 0  # the newest ring rows that hold quiet() (at most k)
 
     def push(self, scores: np.ndarray) -> Detection | None:
         """One frame's class scores (C,) (logits) -> a Detection or None."""
@@ -162,7 +163,7 @@ class KeywordSpotter:
         so the rest of the run only moves the frame counter and the re-arm bookkeeping.
         """
         q = self._quiet
-        while n > 0 and not (self.ring == q).all():
+        while n > 0 and self.quiet_rows < self.k:  # (the ring is all quiet once k are)
             self.push_posterior(q)
             n -= 1
         if n <= 0:
@@ -175,6 +176,9 @@ class KeywordSpotter:
 
     def push_posterior(self, p: np.ndarray) -> Detection | None:
         """One frame's posterior (C,) (probabilities) -> a Detection or None."""
+        # quiet pushes in a row (a caller's array equal to quiet() counts as speech: this
+        # only delays the shortcut of `skip`, which is exact either way)
+        self.quiet_rows = min(self.quiet_rows + 1, self.k) if p is self._quiet else 0
         slot = self.frame % self.k
         self.sum += p - self.ring[slot]
         self.ring[slot] = p
@@ -226,6 +230,7 @@ class KeywordSpotter:
         self.last_fire = int(snap["last_fire"])
         self.armed = np.array(snap["armed"], bool)
         self.rise = np.array(snap["rise"], np.int64)
+        self.quiet_rows = self.k if bool((self.ring == self._quiet).all()) else 0
 
 
 def detect(

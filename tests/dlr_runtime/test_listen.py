@@ -115,6 +115,14 @@ def test_skip_equals_quiet_pushes():
         for _ in range(n):
             assert b.push_posterior(b.quiet()) is None
         assert a.snapshot() == b.snapshot()
+        c = KeywordSpotter(LABELS, 10, cfg)  # restored mid-silence: the shortcut resumes
+        c.restore(a.snapshot())
+        assert c.quiet_rows == (a.k if n >= a.k else 0)
+        c.skip(7)
+        for _ in range(7):
+            b.push_posterior(b.quiet())
+        assert c.snapshot() == b.snapshot()
+        a.restore(c.snapshot())
 
 
 def test_gate_state_rule_is_exact(model):
