@@ -240,10 +240,30 @@ def measure(args, workers: int, chunk_ms: int, n: int, redis_url: str, tmp: Path
         "errors": len(errors),
         "first_error": errors[0] if errors else "",
         "real_time": ok,
+        "finals": len(finals),
         "kib_per_stream": (peak - idle) / 1024 / n,
         "detections": sum(r["detections"] for r in res),
         "rss_mb": peak / 2**20,
     }
+
+
+def combine(runs: list[dict], args) -> dict:
+    """One point from repeated runs: medians of the latencies and sizes, errors summed; real
+    time when the medians meet the bounds and no run had an error (a single run's p99 moves
+    by 2x between runs on this shared machine)."""
+    med = lambda k: float(np.median([r[k] for r in runs]))  # noqa: E731
+    out = {**runs[0], **{k: med(k) for k in ("lag_p50_ms", "lag_p99_ms", "final_max_ms",
+                                             "kib_per_stream", "rss_mb")}}  # fmt: skip
+    out["errors"] = sum(r["errors"] for r in runs)
+    out["first_error"] = next((r["first_error"] for r in runs if r["first_error"]), "")
+    out["p99_runs"] = [r["lag_p99_ms"] for r in runs]
+    out["real_time"] = (
+        out["errors"] == 0
+        and out["lag_p99_ms"] < args.rt_lag_ms
+        and out["final_max_ms"] < args.rt_final_ms
+        and all(r["finals"] == r["streams"] for r in runs)
+    )
+    return out
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -291,6 +311,9 @@ def main() -> None:
     ap.add_argument("--rt-lag-ms", type=float, default=300.0)
     ap.add_argument("--rt-final-ms", type=float, default=500.0)
     ap.add_argument("--stop-after-miss", action="store_true", help="skip larger N once one misses")
+    ap.add_argument(
+        "--repeats", type=int, default=1, help="runs per point (their medians are reported)"
+    )
     ap.add_argument("--plot", type=Path, default=ROOT / "benchmarks/plots/stream_capacity.png")
     ap.add_argument("--results", default=None)
     args = ap.parse_args()
@@ -307,7 +330,10 @@ def main() -> None:
             for chunk in args.chunk_ms:
                 for n in sorted(args.streams):
                     url = redis_proc.url if redis_proc else ""
-                    r = measure(args, workers, chunk, n, url, tmp)
+                    r = combine(
+                        [measure(args, workers, chunk, n, url, tmp) for _ in range(args.repeats)],
+                        args,
+                    )
                     rows.append(r)
                     print(json.dumps(r), flush=True)
                     if args.stop_after_miss and not r["real_time"]:
@@ -322,11 +348,12 @@ def main() -> None:
     }
     plot(rows, args.plot)
     table = md_table(
-        ["workers", "chunk ms", "streams", "lag p50 ms", "lag p99 ms", "final max ms", "errors",
-         "real time", "KiB / stream", "server RSS MB"],
+        ["workers", "chunk ms", "streams", "lag p50 ms", "lag p99 ms", "p99 of each run",
+         "final max ms", "errors", "real time", "KiB / stream", "server RSS MB"],
         [[r["workers"], r["chunk_ms"], r["streams"], f"{r['lag_p50_ms']:.0f}",
-          f"{r['lag_p99_ms']:.0f}", f"{r['final_max_ms']:.0f}", r["errors"],
-          "yes" if r["real_time"] else "no", f"{r['kib_per_stream']:.0f}", f"{r['rss_mb']:.0f}"]
+          f"{r['lag_p99_ms']:.0f}", " / ".join(f"{x:.0f}" for x in r["p99_runs"]),
+          f"{r['final_max_ms']:.0f}", r["errors"], "yes" if r["real_time"] else "no",
+          f"{r['kib_per_stream']:.0f}", f"{r['rss_mb']:.0f}"]
          for r in rows],
     )  # fmt: skip
     best = {}
@@ -335,6 +362,8 @@ def main() -> None:
             key = (r["workers"], r["chunk_ms"])
             best[key] = max(best.get(key, 0), r["streams"])
     lines = [
+        f"{args.repeats} run(s) per point (medians; real time: median lag p99 < "
+        f"{args.rt_lag_ms:g} ms, median final max < {args.rt_final_ms:g} ms, no errors). "
         f"Mode {args.mode}, voiced share of the audio {args.speech_share:g}, {args.seconds:g} s per "
         f"stream, model {args.model}, server backend {args.backend or 'default (fused)'}, max batch "
         f"size {args.max_batch_size or 'default (64)'}, max batch wait "

@@ -34,6 +34,13 @@ class Settings(BaseSettings):
     state_dtype: Literal["complex64", "complex128"] = Field(
         "complex64", description="dtype of the recurrent state"
     )
+    gc_freeze: bool = Field(
+        True,
+        description=(
+            "once ready, freeze the startup heap out of the garbage collector's reach (a full"
+            " collection of it stalled every stream for 210-380 ms)"
+        ),
+    )
     keep_freed_memory: bool = Field(
         True,
         description=(

@@ -24,6 +24,7 @@ def make_settings(models_dir: Path, **kw) -> Settings:
         partial_interval_ms=0.0,
         idle_timeout_s=30.0,
         torch_threads=1,
+        gc_freeze=False,  # (in-process servers: a full collection of the test process each)
     )
     base.update(kw)
     return Settings(**base)
