@@ -7,7 +7,8 @@
 `feed_listening(engine, slots, listeners, chunks)` runs on the engine thread: each stream's
 gate turns its chunk of whole frames into runs (compute after a reset / skip, see vad.py),
 computed runs are fed whole (cutting them into power-of-two pieces, so that equal pieces of
-streams share a call, cost 1.6x the CPU in benchmarks/bench_kws.py: more, smaller calls); the
+streams share a call, cost 1.4x the CPU of speaking streams in benchmarks/bench_kws.py: more,
+smaller calls); the
 runs of every stream are fed round by round (each round one `engine.feed_audio` call for all
 streams that have a run to compute; streams with runs of equal length share the backend
 call), and every
@@ -91,8 +92,8 @@ class Listener:
 
 @dataclass(frozen=True)
 class _Step:
-    """One backend-sized piece of a run: compute `samples` (after a reset) and push all but
-    the first `drop` rows to the detector, or skip `skip` frames."""
+    """One run: compute `samples` (after a reset) and push all but the first `drop` rows
+    (the re-fed pre-roll) to the detector, or skip `skip` frames."""
 
     samples: np.ndarray | None = None
     reset: bool = False

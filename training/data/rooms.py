@@ -13,7 +13,8 @@ from (seed, epoch, index)):
   through 8 kHz and back, half of those through a G.711 mu-law round trip with
   ``torchaudio.functional``), random low-pass (2-7 kHz) or high-pass (80-400 Hz) with
   **scipy.signal**. Lossy MP3 / Opus round trips through ffmpeg: in bulk, one ffmpeg run per
-  voice, cached (``codecs.py``); a word is taken from its coded copy with ``codec_prob``.
+  voice, cached (``codecs.py``, with the recipe's ``--codecs``); a word is taken from its coded
+  copy with ``codec_prob``.
 - Background: noise of several colours (white..brown, ``audio.colored_noise``), hum
   (50/60 Hz and harmonics), babble (other synthesized words mixed at random times), digital
   near-silence; gain from whisper-quiet (-45 dBFS) to clipping (+10 dB, hard clip).

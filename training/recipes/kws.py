@@ -73,7 +73,7 @@ class KWSOptions:
     vtlp: bool = True  # warp the mel filterbank per training window
     label_smoothing: float = 0.05  # cross-entropy label smoothing
     tiny_corpus: bool = False  # a few voices and words only (tests and smoke runs)
-    codecs: bool = True  # training words also through MP3 / Opus (ffmpeg; data/codecs.py)
+    codecs: bool = False  # training words also through MP3 / Opus (ffmpeg; data/codecs.py)
 
 
 def corpus_config(opts: KWSOptions, seed: int) -> CorpusConfig:
