@@ -7,6 +7,7 @@ routes can import it without a circle.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -35,6 +36,10 @@ class AppContext:
     sessions: int = 0  # open sessions of every kind and model (each model counts its own)
     ready: bool = False
     draining: bool = False  # SIGTERM received: no new sessions, live ones are persisted
+    # set by the drain once in-flight work is done: a session's next client message is held,
+    # not handled (its resume position says it was not taken), until `drained` is set
+    quiesced: bool = False
+    drained: asyncio.Event = field(default_factory=asyncio.Event)  # every client told
     state_store: StateStore | None = None  # DLR_STATE_STORE, opened at start-up
     durable: Durable | None = None  # checkpoints, parked tier, signer (server/durable.py)
 

@@ -1,9 +1,12 @@
 """Graceful drain on SIGTERM and restore at start-up (rolling restarts without lost sessions).
 
 `drain(store)`: readiness turns off and new sessions are refused (1013 / 503); in-flight work
-finishes (queued whole audio frames are processed, running generations complete) for at most
-`drain_timeout_s` (then generations are cancelled at a batch boundary, which keeps every
-sampled token in the state); every connected client gets `{"type":"going_away",...,
+finishes (queued whole audio frames are processed, running generations complete, a message
+being handled is completed) for at most `drain_timeout_s` (then generations are cancelled at a
+batch boundary, which keeps every sampled token in the state). From then on the server is
+quiesced: a client message that arrives later is held, not handled, so the state written is
+the one the client is told about (its resume position, e.g. `messages_received` or the audio
+received, says what was taken; the client re-sends the rest after resuming). Then every connected client gets `{"type":"going_away",...,
 "resume":...}` and a close 1001. With `state_dir` set, each live session's state is written
 there first, independently of the others (`<session_id>.state`, written to a temporary name,
 fsynced and renamed, so a file is complete or absent; a failed write removes its temporary
@@ -54,11 +57,26 @@ async def drain(store: SessionStore) -> int:
     if st.draining:
         return 0
     st.draining, st.ready = True, False
+    try:
+        return await _drain(store)
+    finally:
+        st.drained.set()  # (held connections end; their clients were told, or it failed)
+
+
+async def _drain(store: SessionStore) -> int:
+    st = store.ctx
     t0 = time.monotonic()
     settings = st.settings
     deadline = t0 + settings.drain_timeout_s
     scheds = [m.scheduler for m in st.models.values()]
-    finished = await _wait(lambda: all(s.idle() for s in scheds), deadline)
+
+    def settled() -> bool:
+        return all(s.idle() for s in scheds) and not any(
+            sess.in_turn() for sess in store.live.values()
+        )
+
+    finished = await _wait(settled, deadline)
+    st.quiesced = True  # (no await since `settled`: no message is half-way in)
     live = list(store.live.values())
     if not finished:
         log.warning(
@@ -67,7 +85,8 @@ async def drain(store: SessionStore) -> int:
         )
     for sess in live:
         sess.cancel()
-    await _wait(lambda: not any(s.busy() for s in live), time.monotonic() + 5)
+    # (a prefill is not cancelled: it ends within a batch; the message handler then returns)
+    await _wait(lambda: not any(s.busy() or s.in_turn() for s in live), time.monotonic() + 5)
     stored = await checkpoint_all(store)  # (first: a client may resume elsewhere at once)
     d = st.durable
     durable = d is not None and d.checkpoints and not d.writer.backlog

@@ -2,7 +2,8 @@
 
 `serve(ws, store, kind)` runs a connection: handshake and admission, then each message is a
 `start` (a new session; a running one is finished first), a `resume` (first message only), or
-handed to the session (`LiveSession.binary` / `.handle`). The kind (`SessionKind`) says how to
+handed to the session (`LiveSession.binary` / `.handle`); once a drain has quiesced the
+server, messages are held instead (server/drain.py). The kind (`SessionKind`) says how to
 parse messages and build its session.
 
 Ownership, structurally:
@@ -57,6 +58,8 @@ async def serve(ws: WebSocket, store: SessionStore, kind: SessionKind) -> None:
             raise await conn.refuse(r)
         while True:
             text, data = await conn.receive()
+            if sess is not None and ctx.quiesced:
+                await held(store)
             if data is not None:
                 if sess is None:
                     raise await conn.fail(*kind.early_binary)
@@ -94,6 +97,14 @@ async def serve(ws: WebSocket, store: SessionStore, kind: SessionKind) -> None:
         err = e
     finally:  # err None: the handler was cancelled (the server is stopping)
         await connection_over(store, conn, sess, err)
+
+
+async def held(store: SessionStore) -> None:
+    """The drain has quiesced the server: the message just received is not handled (the
+    session's resume position says so); wait until the drain has told this connection's
+    client `going_away`, then end the connection (the drain detached the session)."""
+    await store.ctx.drained.wait()
+    raise Closed("going_away", by_client=True, code=1001)
 
 
 async def room_for(store: SessionStore, model_kind: str) -> None:

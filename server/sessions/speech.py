@@ -165,6 +165,9 @@ class SpeechSession(LiveSession):
     def busy(self) -> bool:
         return self.ended and not self.final_sent.done()
 
+    def in_turn(self) -> bool:
+        return self.park_lock.locked() or self.audio_lock.locked()
+
     # ------------------------------------------------------------------ results
     async def _pump(self) -> None:
         """Read the stream's events: partials (throttled), then the final or the failure."""

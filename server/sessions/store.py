@@ -307,6 +307,10 @@ class LiveSession:
         """Accepted work is still producing messages (the drain waits for it)."""
         return False
 
+    def in_turn(self) -> bool:
+        """A client message is being handled (the drain waits for it before quiescing)."""
+        return False
+
     def cancel(self) -> None:
         """Stop running work at the next batch boundary (drain, client gone)."""
 

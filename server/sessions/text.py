@@ -80,6 +80,9 @@ class TextLive(LiveSession):
     def busy(self) -> bool:
         return self.pump is not None
 
+    def in_turn(self) -> bool:
+        return self.turn_lock.locked()
+
     async def wait_turn(self) -> None:
         """Wait for the running generation (started on this or an earlier connection)."""
         if self.pump is not None:

@@ -53,11 +53,13 @@ def test_draining_refuses_new_work_and_finishes_in_flight(models_dir, tmp_path):
 
     async def main():
         ws, hello = await text_start(srv.ws)
+        live = srv.app.state.sessions.live
+        sess = live[hello["session_id"]]
         await send_json(ws, {"type": "append", "text": "abc"})
+        await eventually(lambda: sess.messages_received >= 1 and not sess.in_turn())
         faults.pause()  # the generation cannot finish yet
         await send_json(ws, {"type": "generate", "max_new_tokens": 5, "temperature": 0})
-        live = srv.app.state.sessions.live  # (the append arrived; its prefill is held back)
-        await eventually(lambda: live[hello["session_id"]].messages_received >= 1)
+        await eventually(lambda: sess.messages_received >= 2)  # (taken: its batch is held)
         stopper = threading.Thread(target=lambda: setattr(srv.server, "should_exit", True))
         stopper.start()
         async with httpx.AsyncClient(timeout=5) as h:
@@ -83,6 +85,48 @@ def test_draining_refuses_new_work_and_finishes_in_flight(models_dir, tmp_path):
     assert bye["type"] == "going_away" and bye["resume"] is True
     assert code == 1001 and "resume" in reason
     assert len(list((tmp_path / "state").glob("*.state"))) == 1
+
+
+def test_messages_after_the_quiesce_are_held_and_not_taken(models_dir, tmp_path):
+    """A message that arrives once the drain has stopped taking work is not handled: the state
+    written and the resume position (`messages_received`) are those before it, and its client
+    is still told `going_away` with `resume: true` (it re-sends after resuming)."""
+    srv = LiveServer(make_settings(models_dir, state_dir=tmp_path / "state", drain_timeout_s=1))
+    srv.__enter__()
+    st = srv.app.state.dlr
+    faults = install(st.models[LM_NAME].scheduler)
+
+    async def main():
+        live = srv.app.state.sessions.live
+        a, hello_a = await text_start(srv.ws)
+        await send_json(a, {"type": "append", "text": "abc"})
+        sa = live[hello_a["session_id"]]
+        await eventually(lambda: sa.messages_received == 1 and not sa.in_turn())
+        b, hello_b = await text_start(srv.ws)
+        sb = live[hello_b["session_id"]]
+        faults.pause()  # b's prefill is held: the drain cannot settle and times out
+        await send_json(b, {"type": "append", "text": "xyz"})
+        await eventually(lambda: sb.in_turn())
+        threading.Thread(target=lambda: setattr(srv.server, "should_exit", True)).start()
+        await eventually(lambda: st.quiesced, timeout=10)
+        await send_json(a, {"type": "append", "text": " more"})  # after the quiesce
+        await send_json(b, {"type": "generate", "max_new_tokens": 3})
+        await asyncio.sleep(0.3)
+        faults.resume()  # b's prefill (taken before the quiesce) completes
+        byes = [await recv_json(a), await recv_json(b)]
+        await a.wait_closed()
+        await b.wait_closed()
+        return sa, sb, byes, (a.close_code, b.close_code)
+
+    try:
+        sa, sb, byes, codes = asyncio.run(main())
+    finally:
+        srv.__exit__()
+    assert [m["type"] for m in byes] == ["going_away"] * 2 and all(m["resume"] for m in byes)
+    assert codes == (1001, 1001)
+    assert sa.messages_received == 1 and sb.messages_received == 1  # the late ones not taken
+    assert sb.g is None and sb.text.inflight is None
+    assert len(list((tmp_path / "state").glob("*.state"))) == 2
 
 
 @pytest.mark.slow  # a dlr-serve subprocess (or two) and tens of seconds of load
