@@ -7,6 +7,8 @@ per-stream cost at that batch would allow). Ways:
 
 - chunk (torch): `RecurrentModel.chunk` on (B, 1600), state carried.
 - chunk (onnx): `OnnxBackend.chunk` (torch-side framing, ONNX frame-chunk graph).
+- chunk (fused): `FusedAudioBackend.chunk` (the server's default for speech: the torch chunk
+  form with each layer's recurrence in one numba call), when numba is installed.
 - step loop: `RecurrentModel.step` once per sample (measured on 160 samples, x10).
 - naive: re-run the FFT training forward on each stream's whole 1 s buffer every tick (what a
   model without a recurrent form does to stay current).
@@ -26,6 +28,8 @@ import torch
 
 from benchmarks.bench_runtime import speech_model
 from benchmarks.harness import PLOTS, append_results, machine, md_table, time_calls
+from dlr_runtime.backends import fused_block
+from dlr_runtime.backends.fused_audio import FusedAudioBackend
 from dlr_runtime.backends.onnx import OnnxBackend
 
 RATE = 16000
@@ -47,6 +51,7 @@ def main() -> None:
     onnx_be = OnnxBackend.from_recurrent(
         rec, tempfile.mkdtemp(prefix="bench-audio-"), max_chunk=16, threads=args.threads
     )
+    fused_be = FusedAudioBackend(rec) if fused_block.AVAILABLE else None
     n = int(RATE * TICK)
     batches = [1, 16, 64] if args.quick else [1, 16, 64, 256]
     budget = 0.3 if args.quick else args.budget
@@ -61,6 +66,10 @@ def main() -> None:
             "chunk (torch)": time_calls(lambda p=piece, s=st: rec.chunk(p, s), budget)[0],
             "chunk (onnx)": time_calls(lambda p=piece, s=ost: onnx_be.chunk(p, s), budget)[0],
         }
+        if fused_be is not None:
+            ticks["chunk (fused)"] = time_calls(lambda p=piece, s=st: fused_be.chunk(p, s), budget)[
+                0
+            ]
         if b <= 64:
 
             def steps(p=piece[:, :160], s=st) -> None:

@@ -31,7 +31,9 @@ import torch
 
 from benchmarks.harness import PLOTS, append_results, machine, md_table, time_calls
 from dlr_runtime import DLRConfig, DLRModel, to_recurrent
+from dlr_runtime.backends import fused_block
 from dlr_runtime.backends.fused import FusedBackend, fused_supported
+from dlr_runtime.backends.fused_audio import FusedAudioBackend
 from dlr_runtime.backends.onnx import OnnxBackend
 
 
@@ -103,6 +105,9 @@ def main() -> None:
     fl, by = chunk_counts(au_cfg, b, samples)
     cases.append(("audio chunk 64x100ms", "torch", fl, by, lambda: au.chunk(x, st)))
     cases.append(("audio chunk 64x100ms", "onnx", fl, by, lambda: au_onnx.chunk(x, ost)))
+    if fused_block.AVAILABLE:
+        au_fused = FusedAudioBackend(au)
+        cases.append(("audio chunk 64x100ms", "fused", fl, by, lambda: au_fused.chunk(x, st)))
     rows, points = [], []
     for name, way, fl, by, fn in cases:
         t, _ = time_calls(fn, 0.3 if args.quick else 1.0)
