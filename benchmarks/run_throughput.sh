@@ -13,7 +13,7 @@ mkdir -p "$(dirname "$out")"
 step() { echo "[$(date -u +%T)] $* (load: $(cut -d' ' -f1-3 /proc/loadavg))" >&2; }
 
 step "real-time speech streams per server"
-"$py" -m benchmarks.bench_stream_capacity --streams 64 128 192 256 --chunk-ms 100 20 \
+"$py" -m benchmarks.bench_stream_capacity --streams 64 96 128 192 256 320 384 --chunk-ms 100 20 \
     --workers 1 --seconds 10 --repeats 3 --stop-after-miss --results "$out"
 step "fused decode step"
 "$py" -m benchmarks.bench_fused --rounds 3 --budget 0.4 --results "$out"
