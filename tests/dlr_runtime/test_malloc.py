@@ -40,6 +40,7 @@ def _faults(mode: str, backend: str) -> float:
     return float(out.stdout.split()[-1])
 
 
+@pytest.mark.slow  # two subprocesses that import torch and run 64-stream batches (~10 s each)
 @pytest.mark.skipif(
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only"
 )
