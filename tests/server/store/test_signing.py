@@ -12,7 +12,7 @@ import tracemalloc
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from dlr_runtime.engine import snapshot
@@ -122,6 +122,8 @@ def test_any_flipped_byte_is_refused(pos: int, xor: int) -> None:
 def test_any_truncation_or_extension_is_refused(cut: int, tail: bytes) -> None:
     assert refused(SIGNED[:cut]) in (Reason.TRUNCATED, Reason.UNSIGNED)
     refused(SIGNED + tail)
+    # (a tail equal to the bytes cut off rebuilds the signed blob itself, which is valid)
+    assume(SIGNED[:cut] + tail != SIGNED)
     refused(SIGNED[:cut] + tail)
 
 
