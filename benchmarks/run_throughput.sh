@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Every throughput figure of benchmarks/RESULTS.md in one run (run it on a quiet machine: the
-# load average is recorded at the start and end of each benchmark): real-time speech streams per
+# load average is logged on stderr before each benchmark and at the end): real-time speech streams per
 # server with the engine-alone ceiling and memory per stream, the fused decode step, the peers
 # (GPT-2 with a KV cache, Mamba), the roofline, concurrent audio streams per backend, DLR vs a
-# KV-cache Transformer, and the server load generator (speech + generation). ~35 min on 2 cores.
+# KV-cache Transformer, and the server load generator (speech + generation). ~20 min on 2 cores.
 #   bash benchmarks/run_throughput.sh [RESULTS.md]   (default: benchmarks/results/throughput-<UTC time>.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."

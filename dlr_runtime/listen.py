@@ -4,16 +4,14 @@
 (`vad.Gate`), the detector (`kws.KeywordSpotter`) and the detections so far; `snapshot()` /
 `Listener.restore()` round-trip it as plain JSON values, next to the slot's state snapshot.
 
-`feed_listening(engine, slots, listeners, chunks)` runs on the engine thread: each stream's
-gate turns its chunk of whole frames into runs (compute after a reset / skip, see vad.py),
-computed runs are fed whole (cutting them into power-of-two pieces, so that equal pieces of
-streams share a call, cost 1.4x the CPU of speaking streams in benchmarks/bench_kws.py: more,
-smaller calls); the
-runs of every stream are fed round by round (each round one `engine.feed_audio` call for all
-streams that have a run to compute; streams with runs of equal length share the backend
-call), and every
-frame reaches the detector in stream order: computed frames as their class scores, skipped
-frames as the quiet posterior (`KeywordSpotter.skip`). Pre-roll frames re-fed after a reset
+`feed_listening(engine, slots, listeners, chunks)` runs on the engine thread: each stream's gate
+turns its chunk of whole frames into runs (compute after a reset / skip, see vad.py), computed
+runs are fed whole (cutting them into power-of-two pieces, so that equal pieces of streams share
+a call, cost 1.4x the CPU of speaking streams in benchmarks/bench_kws.py: more, smaller calls);
+the runs of every stream are fed round by round (each round one `engine.feed_audio` call for all
+streams that have a run to compute; streams with runs of equal length share the backend call),
+and every frame reaches the detector in stream order: computed frames as their class scores,
+skipped frames as the quiet posterior (`KeywordSpotter.skip`). Pre-roll frames re-fed after a reset
 are not pushed again (the detector saw them when they were skipped).
 """
 

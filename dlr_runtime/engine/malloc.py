@@ -1,14 +1,14 @@
 """Keep the batch loop's freed memory in the process (glibc malloc settings).
 
-Every batch allocates and frees tensors of several MiB: the gathered state of the batch
-(B x L x H x N complex, 12.6 MiB for 64 streams of the shipped speech model), the new state,
-the frame buffers. glibc serves blocks that large with fresh `mmap`s and gives them back on
-free (or trims the heap top), so each batch pays a page fault per 4 KiB it touches: ~2,400
-(torch chunk) to ~6,100 (fused chunk) faults per 100 ms batch of 64 streams; such a batch took
-42 -> 33 ms (torch) and 55 -> 22 ms (fused) without / with these settings on this machine. `keep_freed_memory` raises
-the mmap threshold to 32 MiB (glibc's maximum) and the trim threshold to 1 GiB, so these
-blocks come from the heap and are reused: the process keeps its peak working set instead of
-returning it between batches.
+Every batch allocates and frees tensors of several MiB: the gathered state of the batch (B x L x
+H x N complex, 12.6 MiB for 64 streams of the shipped speech model), the new state, the frame
+buffers. glibc serves blocks that large with fresh `mmap`s and gives them back on free (or trims
+the heap top), so each batch pays a page fault per 4 KiB it touches: ~2,400 (torch chunk) to
+~6,100 (fused chunk) faults per 100 ms batch of 64 streams; such a batch took 42 -> 33 ms
+(torch) and 55 -> 22 ms (fused) without / with these settings on this machine.
+`keep_freed_memory` raises the mmap threshold to 32 MiB (glibc's maximum) and the trim threshold
+to 1 GiB, so these blocks come from the heap and are reused: the process keeps its peak working
+set instead of returning it between batches.
 
 A no-op (returns False) where the C library is not glibc. Set once, early, in the server
 process and in every worker process (`server.app.create_app` does it).
