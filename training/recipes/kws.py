@@ -1,8 +1,9 @@
 """Keyword spotting (SC12: ten commands + ``_silence_`` + ``_unknown_``) for continuous streams.
 
-Data: the multi-synthesizer corpus (espeak-ng, flite, festival; ``training.data.corpus``) split
-by speaker (``training.data.splits``; ``--split final`` or a leave-one-synthesizer-out preset),
-windows with per-frame targets and room/microphone augmentation (``training.data.sc12``).
+Data: the multi-synthesizer corpus (espeak-ng, flite, festival, Kokoro, Piper;
+``training.data.corpus``) split by speaker (``training.data.splits``; ``--split final`` or a
+leave-one-synthesizer-out preset), windows with per-frame targets and room/microphone
+augmentation (``training.data.sc12``).
 
 Model: causal DLR classifier with a per-frame front end (``--frontend logmel``: a log-mel
 spectrum of each 20 ms frame, or ``raw`` samples as in the paper) and an exponentially weighted
@@ -60,7 +61,7 @@ TASK = "keyword-spotting-sc12"
 @dataclass
 class KWSOptions:
     cache_dir: str = "runs/sc12cache"  # clean-clip and room-impulse-response cache
-    split: str = "final"  # final | loso-espeak | loso-flite | loso-festival
+    split: str = "final"  # final | loso-<engine> (training.data.splits.PRESETS)
     workers: int = 2  # processes rendering missing clips
     frontend: str = "logmel"  # logmel | raw (the paper's raw samples)
     n_mels: int = 40  # logmel: mel bands
