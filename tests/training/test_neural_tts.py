@@ -67,6 +67,7 @@ def test_neural_voice_items_vary_rate_and_read_every_word_once():
 
 
 @needs_espeak
+@pytest.mark.slow  # ~12 s: builds both ONNX sessions
 @pytest.mark.parametrize(
     "voice",
     [
