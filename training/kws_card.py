@@ -215,8 +215,8 @@ The accented festival voices read each command respelled in their own orthograph
 (`training/data/engines.py` `RESPELL`, e.g. right -> "rait" / "rajt" / "райт") and the
 `_unknown_` words as written. Words: the 10 commands (3 renditions per espeak voice, 12 per
 flite/festival/neural voice at random rate and pitch, 1 for the voices whose rate cannot
-change) and {len(unknown_words())} `_unknown_` words (all of them per flite/festival voice, a
-sample of 40 per espeak and 200 per neural voice)
+change) and {len(unknown_words())} `_unknown_` words (each twice per flite/festival voice,
+once for the fixed-rate ones; a sample of 40 per espeak and 200 per neural voice)
 (near misses such as now, goat, top, dawn, yet, of, bright, lift, nine, and ordinary words;
 never homophones of a command). Splits by speaker (`training/data/splits.py`, preset
 `final`): kal (flite kal/kal16 + festival kal_diphone) and slt (flite + festival HTS) are one
