@@ -58,10 +58,13 @@ def say(word: str, voice: str = "en-us") -> np.ndarray:
     return resample_poly(x, RATE, sr).astype(np.float32)
 
 
-def spoken_stream(words: list[str], pause_s: float = 1.0) -> tuple[np.ndarray, list[Spoken]]:
-    """The words with `pause_s` of quiet room noise between them (and 0.5 s before)."""
+def spoken_stream(
+    words: list[str], pause_s: float = 1.0, lead_s: float = 0.5
+) -> tuple[np.ndarray, list[Spoken]]:
+    """The words with `pause_s` of quiet room noise between them (and `lead_s` before)."""
     rng = np.random.default_rng(0)
-    parts, where, t = [np.zeros(RATE // 2, np.float32)], [], RATE // 2
+    t = int(RATE * lead_s)
+    parts, where = [np.zeros(t, np.float32)], []
     for w in words:
         x = 0.8 * say(w)
         where.append(Spoken(w, t / RATE * 1000, (t + x.size) / RATE * 1000))

@@ -6,6 +6,7 @@
 
 const $ = (id) => document.getElementById(id);
 const CHUNK_SECONDS = 0.05; // audio per WebSocket message
+const MAX_PENDING_CHUNKS = 200; // audio held while the session starts (10 s)
 
 // ------------------------------------------------------------------ server messages
 function report(text, kind = "error") {
@@ -101,7 +102,7 @@ function drawBars(labels, top) {
 }
 
 // ------------------------------------------------------------------ microphone -> WebSocket
-const mic = { ctx: null, stream: null, node: null, ws: null, ready: false, stopping: false };
+const mic = { ctx: null, stream: null, node: null, ws: null, ready: false, stopping: false, pending: [] };
 
 function wsUrl(path) {
   return `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}${path}`;
@@ -186,7 +187,11 @@ async function startMic() {
     mic.ctx.createMediaStreamSource(mic.stream).connect(mic.node).connect(mute).connect(mic.ctx.destination);
     openSpeechSocket(rate);
     mic.node.port.onmessage = (e) => {
-      if (mic.ws && mic.ready && mic.ws.readyState === WebSocket.OPEN) mic.ws.send(e.data);
+      if (mic.ws && mic.ready && mic.ws.readyState === WebSocket.OPEN) {
+        mic.ws.send(e.data);
+      } else if (!mic.ready && mic.pending.length < MAX_PENDING_CHUNKS) {
+        mic.pending.push(e.data); // spoken before the session is ready: sent once it is
+      }
     };
     $("mic-stop").disabled = false;
     $("speech-status").textContent = `Microphone on at ${rate} Hz; connecting…`;
@@ -220,6 +225,8 @@ function openSpeechSocket(rate) {
     }
     if (msg.type === "ready") {
       mic.ready = true;
+      for (const chunk of mic.pending.splice(0)) ws.send(chunk);
+      if (mic.stopping) ws.send(JSON.stringify({ type: "end" }));
       if (msg.labels && msg.labels.length) drawBars(msg.labels, []);
       $("speech-status").textContent = `Listening at ${rate} Hz (session ${msg.session_id || "?"})`;
       mic.continuous = msg.mode === "continuous";
@@ -265,7 +272,7 @@ async function stopMic() {
   if (mic.node) mic.node.port.postMessage("stop"); // flush the last partial chunk
   await new Promise((r) => setTimeout(r, 60));
   if (mic.ws && mic.ws.readyState === WebSocket.OPEN) {
-    mic.ws.send(JSON.stringify({ type: "end" }));
+    if (mic.ready) mic.ws.send(JSON.stringify({ type: "end" })); // else sent after the held audio
     setTimeout(() => mic.ws && mic.ws.readyState === WebSocket.OPEN && mic.ws.close(1000), 5000);
   } else {
     await teardownMic();
@@ -276,7 +283,7 @@ async function stopMic() {
 async function teardownMic() {
   if (mic.stream) mic.stream.getTracks().forEach((t) => t.stop());
   if (mic.ctx) await mic.ctx.close().catch(() => {});
-  Object.assign(mic, { ctx: null, stream: null, node: null, ws: null, ready: false, stopping: false, continuous: false });
+  Object.assign(mic, { ctx: null, stream: null, node: null, ws: null, ready: false, stopping: false, continuous: false, pending: [] });
   setVad("off");
   $("mic-start").disabled = false;
   $("mic-stop").disabled = true;

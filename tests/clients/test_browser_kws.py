@@ -45,16 +45,51 @@ def shipped_server(server_factory, tmp_path_factory):
     return server_factory(root)
 
 
-def fake_mic(tmp: Path, words: list[str]) -> tuple[Path, float]:
+def fake_mic(tmp: Path, words: list[str], lead_s: float = 0.5) -> tuple[Path, float]:
     """The words with pauses, 2 s of quiet after them (the loop restarts after that)."""
-    x, _ = spoken_stream(words, pause_s=1.0)
+    x, _ = spoken_stream(words, pause_s=1.0, lead_s=lead_s)
     x = np.concatenate([x, np.zeros(2 * RATE, np.float32)])
     path = tmp / "words.wav"
     sf.write(path, x, RATE, subtype="PCM_16")
     return path, x.size / RATE
 
 
-def run_page(wav: Path, seconds: float, url: str, threshold: float | None, shot: Path | None):
+class HeldRelay:
+    """Relays the speech socket through Playwright, holding the server's messages (its
+    `ready` first) until `release`."""
+
+    def __init__(self) -> None:
+        self.route = None
+        self.held: list[str | bytes] = []
+        self.released = False
+
+    def attach(self, route) -> None:
+        self.route = route
+        route.connect_to_server().on_message(self._from_server)
+
+    def _from_server(self, message: str | bytes) -> None:
+        if self.released:
+            self.route.send(message)
+        else:
+            self.held.append(message)
+
+    def release(self) -> None:
+        assert self.route is not None, "the page never opened the speech socket"
+        self.released = True
+        for message in self.held:
+            self.route.send(message)
+
+
+def run_page(
+    wav: Path,
+    seconds: float,
+    url: str,
+    threshold: float | None,
+    shot: Path | None,
+    hold_ready_ms: int = 0,
+):
+    """Play `wav` into the page's microphone and read what it lists. With `hold_ready_ms`,
+    the server's messages reach the page that much later (as on a slow connection)."""
     args = [
         "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run",
@@ -66,6 +101,9 @@ def run_page(wav: Path, seconds: float, url: str, threshold: float | None, shot:
         page = b.new_page(viewport={"width": 1280, "height": 900})
         console: list[str] = []
         page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+        relay = HeldRelay()
+        if hold_ready_ms:
+            page.route_web_socket("**/v1/speech/stream", relay.attach)
         page.goto(url + "/")
         page.wait_for_function("document.querySelectorAll('#speech-model option').length > 0")
         assert page.input_value("#speech-mode") == "continuous"  # the default
@@ -73,6 +111,9 @@ def run_page(wav: Path, seconds: float, url: str, threshold: float | None, shot:
             page.fill("#threshold", str(threshold))
             page.dispatch_event("#threshold", "input")
         page.click("#mic-start")
+        if hold_ready_ms:
+            page.wait_for_timeout(hold_ready_ms)
+            relay.release()
         page.wait_for_function(
             "document.getElementById('vad-state').dataset.state !== 'off'", timeout=20000
         )
@@ -119,3 +160,13 @@ def test_page_lists_only_commands_among_other_words(shipped_server, tmp_path):
     wav, seconds = fake_mic(tmp_path, MIXED)
     rows, _, _, _, _ = run_page(wav, seconds, shipped_server.url, USER_THRESHOLD, None)
     assert [label for label, _ in rows] == [w for w in MIXED if w in COMMANDS], rows
+
+
+def test_words_spoken_while_the_session_starts_are_not_lost(shipped_server, tmp_path):
+    """The fake microphone starts playing when the page asks for it, before the WebSocket is
+    open and the session ready: the page holds that audio and sends it once it is."""
+    wav, seconds = fake_mic(tmp_path, COMMANDS[:2], lead_s=0.05)
+    url = shipped_server.url
+    rows, _, _, errors, _ = run_page(wav, seconds, url, USER_THRESHOLD, None, hold_ready_ms=1000)
+    assert [label for label, _ in rows] == COMMANDS[:2], rows
+    assert not errors.strip(), errors
