@@ -30,7 +30,7 @@ import os
 import zlib
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -164,7 +164,10 @@ def _other_rate(
 
 
 def cache_key(cfg: CorpusConfig, voice: TTSVoice) -> str:
-    """Hash of every input of this voice's clips."""
+    """Hash of every input of this voice's clips (a morph's: its source's and its tag)."""
+    if voice.morph:
+        blob = f"{cache_key(cfg, replace(voice, morph=''))}~{voice.morph}".encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
     items = voice_items(cfg, voice)
     inputs = {
         "v": _CACHE_VERSION,

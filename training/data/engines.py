@@ -57,11 +57,12 @@ class TTSVoice:
     name: str  # engine-specific voice id, e.g. "en-gb+f3", "slt", "ked_diphone"
     speaker: str  # who speaks: voices of one speaker are never split apart
     lang: str = "en"  # the voice's own language; not "en": an accented voice (see RESPELL)
+    morph: str = ""  # a WORLD re-synthesis of this voice (data/morph.py), e.g. "f1.52e1.11"
 
     @property
     def key(self) -> str:
-        """Stable identifier, e.g. ``"flite:slt"``."""
-        return f"{self.engine}:{self.name}"
+        """Stable identifier, e.g. ``"flite:slt"`` (``"flite:slt~f1.52e1.11"`` for a morph)."""
+        return f"{self.engine}:{self.name}" + (f"~{self.morph}" if self.morph else "")
 
 
 #: flite voices (all of Debian's flite package) and their speakers.

@@ -54,6 +54,7 @@ class WindowConfig:
     p_unknown: float = 0.30
     p_two_words: float = 0.3  # a second word after the first
     p_espeak: float = 0.4  # share of espeak-ng clips among the words
+    p_morph: float = 0.25  # share of morphed voices' clips (data/morph.py), where the pool has them
     vtlp_prob: float = 0.8  # warp the front end's frequency axis
     vtlp: tuple[float, float] = (0.85, 1.18)
     room: RoomConfig = field(default_factory=RoomConfig)
@@ -69,6 +70,7 @@ class WordPool:
     voices: np.ndarray  # str (N,), voice key "engine:name"
     engines: np.ndarray  # str (N,)
     speakers: np.ndarray  # str (N,)
+    morphed: np.ndarray  # bool (N,): from a morph of a voice (data/morph.py)
     coded: list[np.ndarray] | None = None  # the same clips after a lossy codec (codecs.py)
 
     @classmethod
@@ -76,7 +78,7 @@ class WordPool:
         cls, voices: Sequence[VoiceClips], coded: Sequence[VoiceClips] | None = None
     ) -> WordPool:
         """The clips of `voices`; `coded`: the same voices through their codecs, in order."""
-        clips, labels, words, keys, engines, speakers = [], [], [], [], [], []
+        clips, labels, words, keys, engines, speakers, morphed = [], [], [], [], [], [], []
         if coded is not None and [c.voice.key for c in coded] != [v.voice.key for v in voices]:
             raise ValueError("coded voices must match the voices, in order")
         coded_clips: list[np.ndarray] | None = [] if coded is not None else None
@@ -92,6 +94,7 @@ class WordPool:
             keys += [vc.voice.key] * n
             engines += [vc.voice.engine] * n
             speakers += [vc.voice.speaker] * n
+            morphed += [bool(vc.voice.morph)] * n
         return cls(
             clips,
             np.concatenate(labels) if labels else np.zeros(0, np.int64),
@@ -99,6 +102,7 @@ class WordPool:
             np.array(keys, dtype=str),
             np.array(engines, dtype=str),
             np.array(speakers, dtype=str),
+            np.array(morphed, dtype=bool),
             coded_clips,
         )
 
@@ -142,9 +146,9 @@ class KWSWindows(Dataset):
     ) -> None:
         self.pool, self.rirs, self.cfg, self.seed, self.length = pool, rirs, cfg, seed, length
         self.epoch = 0
-        esp = pool.engines == "espeak"
+        esp, morph = pool.engines == "espeak", pool.morphed
         self.by_group = {}
-        for g, mask in (("espeak", esp), ("other", ~esp)):
+        for g, mask in (("espeak", esp & ~morph), ("other", ~esp & ~morph), ("morph", morph)):
             for lab in range(len(SC12_LABELS)):
                 idx = np.flatnonzero(mask & (pool.labels == lab))
                 if len(idx):
@@ -160,11 +164,16 @@ class KWSWindows(Dataset):
         return self.length
 
     def _pick(self, label: int, rng: np.random.Generator) -> int:
+        """A clip of `label`: from a morph with p_morph, else espeak-ng with p_espeak."""
         groups = [g for g in self.groups if (g, label) in self.by_group]
-        if len(groups) == 2:
-            g = "espeak" if rng.random() < self.cfg.p_espeak else "other"
+        if "morph" in groups and (len(groups) == 1 or rng.random() < self.cfg.p_morph):
+            g = "morph"
         else:
-            g = groups[0]
+            groups = [g for g in groups if g != "morph"]
+            if len(groups) == 2:
+                g = "espeak" if rng.random() < self.cfg.p_espeak else "other"
+            else:
+                g = groups[0]
         idx = self.by_group[(g, label)]
         return int(idx[rng.integers(len(idx))])
 

@@ -3,7 +3,8 @@
 Data: the multi-synthesizer corpus (espeak-ng, flite, festival, Kokoro, Piper;
 ``training.data.corpus``) split by speaker (``training.data.splits``; ``--split final`` or a
 leave-one-synthesizer-out preset), windows with per-frame targets and room/microphone
-augmentation (``training.data.sc12``).
+augmentation (``training.data.sc12``); with ``--morphs N``, N WORLD re-syntheses of each
+non-espeak training voice at a new pitch and vocal-tract length (``training.data.morph``).
 
 Model: causal DLR classifier with a per-frame front end (``--frontend logmel``: a log-mel
 spectrum of each 20 ms frame, or ``raw`` samples as in the paper) and an exponentially weighted
@@ -35,7 +36,7 @@ from dlr_runtime.frontend import LogMel, mel_filterbank
 from dlr_runtime.kws import KWSConfig
 from dlr_runtime.model import frames_of
 from training.config import TrainConfig
-from training.data import codecs
+from training.data import codecs, morph
 from training.data.corpus import CorpusConfig, all_tts_voices, generate
 from training.data.labels import SAMPLE_RATE
 from training.data.rooms import rir_bank
@@ -75,6 +76,7 @@ class KWSOptions:
     label_smoothing: float = 0.05  # cross-entropy label smoothing
     tiny_corpus: bool = False  # a few voices and words only (tests and smoke runs)
     codecs: bool = False  # training words also through MP3 / Opus (ffmpeg; data/codecs.py)
+    morphs: int = 0  # WORLD morphs (new pitch and vocal tract) per non-espeak training voice
 
 
 def corpus_config(opts: KWSOptions, seed: int) -> CorpusConfig:
@@ -105,6 +107,9 @@ def load_split(opts: KWSOptions, seed: int) -> dict[str, WordPool]:
     pools = {}
     for name, vs in split.items():
         clean = [clips[v.key] for v in vs]
+        if name == "train" and opts.morphs:
+            sources = [vc for vc in clean if vc.voice.engine != "espeak"]
+            clean += morph.morphed_voices(opts.cache_dir, ccfg, sources, opts.morphs, opts.workers)
         coded = None
         if name == "train" and opts.codecs:
             if not codecs.available():
