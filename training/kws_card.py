@@ -22,6 +22,8 @@ from typing import Any
 from dlr_runtime import read_header
 from training.data.engines import FESTIVAL_ACCENTED
 from training.data.neural_tts import KOKORO_BASE, KOKORO_BLENDS
+from training.data.rooms import RoomConfig
+from training.data.sc12 import WindowConfig
 from training.data.vocab import unknown_words
 from training.model_card import _config_table, _copy, _state_bytes, _training_section
 
@@ -148,6 +150,21 @@ def card(
     sb = _state_bytes(dest)
     point = header["metadata"].get("detection", {})
     sizes = summary["sizes"]
+    kws_opts = summary["recipe_options"]["kws"]
+    extras = []
+    if kws_opts.get("codecs"):
+        extras.append(
+            "Lossy codecs (`training/data/codecs.py`): each training voice also through one MP3 "
+            "(24-48 kbit/s) or Opus (8-24 kbit/s) round trip; a word comes from that copy with "
+            f"probability {RoomConfig().codec_prob}."
+        )
+    if kws_opts.get("morphs"):
+        extras.append(
+            f"Morphs (`training/data/morph.py`): {kws_opts['morphs']} WORLD re-syntheses of each "
+            "non-espeak training voice at a new pitch and vocal-tract length (counted in the "
+            f"train row above); a word comes from a morph with probability {WindowConfig().p_morph}."
+        )
+    extras_md = ("\n\n" + "\n\n".join(extras)) if extras else ""
     s64, s128 = summary["streaming"]["complex64"], summary["streaming"]["complex128"]
     worst_engine = min(ev["clean"]["per_engine"].items(), key=lambda kv: kv[1]["command_accuracy"])
     reject = max(ev["clean"]["unknown_accepted"], ev["silence"]["accepted_argmax"])
@@ -234,7 +251,7 @@ background, built on the fly: speed perturbation 0.85-1.15, room impulse respons
 (pyroomacoustics image-source, RT60 0.15-0.9 s), telephone band / 8 kHz / G.711 mu-law,
 low/high-pass, coloured noise, hum, babble of other synthesized words, 0-30 dB SNR, level
 -45 dBFS to clipping, random placement, and vocal-tract-length perturbation (mel filterbank
-warped 0.85-1.18) in the front end.
+warped 0.85-1.18) in the front end.{extras_md}
 
 ## Commands
 

@@ -40,9 +40,15 @@ def _training_section(summary: dict[str, Any], run: Path) -> str:
     hw = summary["hardware"]
     t = summary["train"]
     minutes = summary["train_time_s"] / 60
+    start = (
+        f"- Fine-tuned: started from the weights of `{t['init_from']}` (`--init-from`), whose\n"
+        "  own steps and time are not counted below.\n"
+        if t.get("init_from")
+        else ""
+    )
     return f"""## Training
 
-- Steps: {summary["steps"]} ({summary["epochs_done"]} epochs), batch {t["batch_size"]}, AdamW
+{start}- Steps: {summary["steps"]} ({summary["epochs_done"]} epochs), batch {t["batch_size"]}, AdamW
   (lr {t["lr"]}, SSM lr {t["ssm_lr"]} without weight decay, weight decay {t["weight_decay"]}),
   {t["warmup"]} warmup steps then cosine to {t["min_lr_ratio"]} x peak, gradient clipping {t["grad_clip"]},
   seed {t["seed"]}{f", stopped by the {t['max_minutes']} min budget" if t.get("max_minutes") and summary["steps"] < _planned(summary) else ""}.
