@@ -141,3 +141,12 @@ def test_only_training_voices_are_morphed(tmp_path):
     for name in ("valid", "test"):
         assert not pools[name].morphed.any()
         assert not morphed_speakers & set(pools[name].speakers)
+
+
+def test_negative_morph_count_is_refused():
+    from training.config import TrainConfig
+    from training.modelopts import ModelOptions
+    from training.recipes.kws import KWSOptions, KWSRecipe
+
+    with pytest.raises(ValueError, match="--morphs must be >= 0"):
+        KWSRecipe(KWSOptions(morphs=-1), ModelOptions(), TrainConfig())

@@ -15,7 +15,7 @@ engine and speaker and its ``morph`` tag set, so it stays in the source's split 
 speaker) and joins every per-voice report as itself. Morphs are made only from the voices a run
 trains on (``recipes/kws.py``); a test voice is never morphed.
 
-Cost: ~40 ms per word on one core; a voice runs in one worker process. Results are cached
+Cost: ~30-40 ms per word on one core; a voice runs in one worker process. Results are cached
 beside the clean clips (``morph-*.npz``, keyed by the clean clips' key and the morph tag).
 """
 
@@ -139,18 +139,22 @@ def morphed_voices(
     if any(vc.voice.morph for vc in sources):
         raise ValueError("morphs are made from clean voices, not from other morphs")
     cache = Path(cache_dir)
-    jobs = [(vc, m) for vc in sources for m in morphs_for(vc.voice.key, cfg.seed, n)]
-    todo = [(vc, m) for vc, m in jobs if not _path(cache, cfg, vc, m).exists()]
+    jobs = [
+        (vc, m, _path(cache, cfg, vc, m))
+        for vc in sources
+        for m in morphs_for(vc.voice.key, cfg.seed, n)
+    ]
+    todo = [(vc, m, path) for vc, m, path in jobs if not path.exists()]
     if todo:
         methods = multiprocessing.get_all_start_methods()
         ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-        bar = tqdm(total=sum(len(vc) for vc, _ in todo), desc="morphs", unit="clip",
+        bar = tqdm(total=sum(len(vc) for vc, _, _ in todo), desc="morphs", unit="clip",
                    disable=not progress)  # fmt: skip
         with ProcessPoolExecutor(max(1, workers), mp_context=ctx) as pool:
-            futs = {pool.submit(morph_voice_of, vc, m): (vc, m) for vc, m in todo}
+            futs = {pool.submit(morph_voice_of, vc, m): (vc, path) for vc, m, path in todo}
             for fut in as_completed(futs):
-                vc, m = futs[fut]
-                _save(_path(cache, cfg, vc, m), fut.result())
+                vc, path = futs[fut]
+                _save(path, fut.result())
                 bar.update(len(vc))
         bar.close()
-    return [_load(_path(cache, cfg, vc, m), vc, m) for vc, m in jobs]
+    return [_load(path, vc, m) for vc, m, path in jobs]

@@ -14,7 +14,8 @@ so a causal model learns to say a word shortly after it ends and to fall back to
 ``_silence_``; an item also carries a VTLP warp factor for the recurrent front end.
 Commands, unknown words and word-less windows are drawn 55/30/15, and the engine group
 (espeak-ng vs the other engines) 40/60, so the few non-espeak speakers are not drowned
-out.
+out; where the pool holds morphed voices (``morph.py``), a word comes from them with
+probability ``p_morph`` first.
 
 Evaluation clips (:func:`clip_windows`) are 1.5 s windows whose word ends 0.15-0.45 s before
 the end (the last frame's scores are the clip's prediction, as in the server's utterance mode),

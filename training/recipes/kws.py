@@ -167,6 +167,8 @@ class KWSRecipe(Recipe):
             raise ValueError(f"--frontend must be logmel or raw, got {opts.frontend!r}")
         if SAMPLE_RATE % opts.frame_stride:
             raise ValueError(f"--frame-stride must divide {SAMPLE_RATE}, got {opts.frame_stride}")
+        if opts.morphs < 0:
+            raise ValueError(f"--morphs must be >= 0, got {opts.morphs}")
         self.opts, self.model_opts = opts, model_opts
         self.batch_size, self.seed = train.batch_size, train.seed
         self.num_workers = train.num_workers
