@@ -13,8 +13,11 @@
 2. Rejection: the share of ``_unknown_`` clips and word-less windows whose prediction is a
    command (argmax), and the share on which the detector (operating point) fires.
 3. Continuous streams of valid and test voices (``streams.py``): recall, false accepts per
-   hour and detection delay over thresholds; the operating point is the lowest threshold whose
-   false accepts per hour on the *valid* streams are <= ``fa_target`` (never chosen on test).
+   hour and detection delay over thresholds; the operating point is chosen on the *valid*
+   streams for at most ``fa_target`` false accepts per hour (never on test): one shared
+   threshold, or one threshold per command with ``--per-command`` (``operating_point.py``;
+   then the DET plot also draws that rule's test results at several targets, and
+   ``global_point`` keeps the shared threshold's results for comparison).
 """
 
 from __future__ import annotations
@@ -28,13 +31,15 @@ import numpy as np
 import torch
 
 from dlr_runtime import load_checkpoint
-from dlr_runtime.kws import KeywordSpotter, KWSConfig
+from dlr_runtime.kws import KeywordSpotter, KWSConfig, commands_of
 from training.data.rooms import rir_bank
 from training.data.sc12 import SIL, UNK, WordPool, clip_windows, silence_windows
+from training.operating_point import ChosenPoint, choose_point
 from training.recipes.kws import KWSOptions, load_split
 from training.streams import StreamScore, build_stream, score, stream_scores
 
 THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0.995)
+DET_TARGETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0)  # FA/h targets of the per-command DET line
 
 
 @dataclass
@@ -49,6 +54,7 @@ class EvalOptions:
     valid_stream_minutes: float = 20.0  # minutes of valid streams (operating point)
     stream_piece_minutes: float = 5.0  # length of one stream
     fa_target: float = 0.5  # false accepts per hour that pick the operating point
+    per_command: bool = False  # one threshold per command (else one shared threshold)
     write_operating_point: bool = False  # store the chosen point in MODEL_DIR's metadata
 
 
@@ -125,6 +131,7 @@ def plot_confusion(cm: np.ndarray, labels: list[str], path: Path, title: str) ->
 
 
 def plot_det(curves: dict[str, list[dict]], path: Path, fa_target: float) -> None:
+    """Miss rate vs false accepts per hour, one line per curve (``fa_per_hour``, ``recall``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -140,7 +147,7 @@ def plot_det(curves: dict[str, list[dict]], path: Path, fa_target: float) -> Non
     ax.set_xscale("log")
     ax.set_xlabel("false accepts per hour (0 drawn at 0.01)")
     ax.set_ylabel("miss rate (%)")
-    ax.set_title("continuous streams: thresholds " + f"{THRESHOLDS[0]}..{THRESHOLDS[-1]}")
+    ax.set_title("continuous streams: shared thresholds " + f"{THRESHOLDS[0]}..{THRESHOLDS[-1]}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -229,7 +236,7 @@ def evaluate(model_dir: str | Path, opts: EvalOptions) -> dict[str, Any]:
 def _stream_eval(model, pools, rirs, seed, labels, frame_ms, base, opts, out) -> dict[str, Any]:
     res: dict[str, Any] = {}
     curves: dict[str, list[dict]] = {}
-    sweeps = {}
+    sweeps, per = {}, {}
     for name, minutes in (("valid", opts.valid_stream_minutes), ("test", opts.stream_minutes)):
         streams = _streams(
             pools[name],
@@ -238,22 +245,47 @@ def _stream_eval(model, pools, rirs, seed, labels, frame_ms, base, opts, out) ->
             rirs,
             seed + (1 if name == "test" else 2),
         )
-        per = [(stream_scores(model, s.audio), s) for s in streams]
-        sweeps[name] = sweep(per, labels, frame_ms, base)
+        per[name] = [(stream_scores(model, s.audio), s) for s in streams]
+        sweeps[name] = sweep(per[name], labels, frame_ms, base)
         curves[f"{name} voices"] = [s.summary() for s in sweeps[name]]
         res[name] = {"hours": sum(s.hours for s in streams), "curve": curves[f"{name} voices"]}
-    ok = [s for s in sweeps["valid"] if s.fa_per_hour <= opts.fa_target]
-    chosen = (
-        min(ok, key=lambda s: s.threshold)
-        if ok
-        else max(sweeps["valid"], key=lambda s: s.threshold)
-    )
-    point = KWSConfig(**{**asdict(base), "threshold": chosen.threshold, "keywords": {}})
-    res["operating_point"] = point.to_dict()
-    res["fa_target"] = opts.fa_target  # what picked it: lowest threshold at <= this FA/h (valid)
-    at = next(s for s in sweeps["test"] if s.threshold == chosen.threshold)
+
+    def on(name: str) -> Any:
+        return lambda cfg: score(per[name], labels, frame_ms, cfg)
+
+    def pick(target: float, per_command: bool) -> ChosenPoint:
+        cmds = commands_of(labels)
+        return choose_point(sweeps["valid"], base, cmds, target, on("valid"), per_command)
+
+    chosen = pick(opts.fa_target, opts.per_command)
+    res["operating_point"] = chosen.config.to_dict()
+    res["rule"] = chosen.rule  # "per_command" | "global" (see training/operating_point.py)
+    res["fa_target"] = opts.fa_target  # what picked it: <= this FA/h on the valid streams
+    at = on("test")(chosen.config)
     res["test_at_operating_point"] = at.summary()
-    res["valid_at_operating_point"] = chosen.summary()
+    res["valid_at_operating_point"] = chosen.valid.summary()
+    res["test_per_command"] = {
+        c: {
+            "threshold": chosen.config.keywords.get(c, chosen.config.threshold),
+            "commands": at.commands_by_label[c],
+            "detected": at.detected_by_label[c],
+            "false_accepts": at.false_by_label[c],
+        }
+        for c in commands_of(labels)
+    }
+    if opts.per_command:
+        glob = pick(opts.fa_target, per_command=False)
+        res["global_point"] = {
+            "threshold": glob.config.threshold,
+            "valid": glob.valid.summary(),
+            "test": on("test")(glob.config).summary(),
+        }
+        line = []
+        for target in DET_TARGETS:
+            p = pick(target, per_command=True)
+            line.append({"fa_target": target, "rule": p.rule, **on("test")(p.config).summary()})
+        res["per_command_curve"] = line
+        curves["test voices, per-command thresholds (chosen on valid)"] = line
     plot_det(curves, out / "det.png", opts.fa_target)
     return res
 

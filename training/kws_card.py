@@ -149,6 +149,15 @@ def card(
     ev = json.loads((dest / "eval" / "eval.json").read_text())
     sb = _state_bytes(dest)
     point = header["metadata"].get("detection", {})
+    kw = point.get("keywords") or {}
+    per_command = (
+        " (per command: " + ", ".join(f"{c} {t:g}" for c, t in kw.items()) + ")" if kw else ""
+    )
+    chosen_by = (
+        "per command (`training/operating_point.py`) for the most commands detected at"
+        if ev.get("streams", {}).get("rule") == "per_command"
+        else "as the lowest threshold with"
+    )
     sizes = summary["sizes"]
     kws_opts = summary["recipe_options"]["kws"]
     extras = []
@@ -200,8 +209,8 @@ Labels (index order): {", ".join(cfg.labels)}.
 
 Detection operating point (checkpoint metadata `"detection"`, read by
 `dlr_runtime.kws.KWSConfig.from_metadata`; the decision rule is `dlr_runtime.kws.KeywordSpotter`):
-threshold {point.get("threshold")}, smoothing {point.get("smooth_ms")} ms, refractory {point.get("refractory_ms")} ms,
-re-arm below {point.get("rearm")} x threshold; chosen as the lowest threshold with <= {ev["streams"].get("fa_target", GOAL_FA):g} false
+threshold {point.get("threshold")}{per_command}, smoothing {point.get("smooth_ms")} ms, refractory {point.get("refractory_ms")} ms,
+re-arm below {point.get("rearm")} x threshold; chosen {chosen_by} <= {ev["streams"].get("fa_target", GOAL_FA):g} false
 accepts per hour on the *valid* streams (never on test).
 
 Files: `model.safetensors` + `config.json`, `curves.png`, `metrics.csv`, `eval/eval.json`,

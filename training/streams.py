@@ -15,6 +15,7 @@ noise). Delay = detection time - end of the word.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -128,6 +129,10 @@ class StreamScore:
     false_accepts: int
     hours: float
     delays_s: list[float]
+    # per command label: commands in the streams, detected, false accepts *with* that label
+    commands_by_label: Counter[str] = field(default_factory=Counter)
+    detected_by_label: Counter[str] = field(default_factory=Counter)
+    false_by_label: Counter[str] = field(default_factory=Counter)
 
     @property
     def recall(self) -> float:
@@ -151,13 +156,23 @@ class StreamScore:
         }
 
 
+@dataclass
+class Matched:
+    """One stream's detections matched against its words."""
+
+    hits: list[Event]  # commands detected (each once)
+    false: list[Detection]  # detections that matched no command
+    delays_s: list[float]  # detection time - end of the word, per hit
+
+
 def match(
     detections: list[Detection], events: list[Event], labels: list[str], max_delay_s: float = 1.2
-) -> tuple[int, int, list[float]]:
-    """(detected commands, false accepts, delays) of one stream's detections."""
+) -> Matched:
+    """Pair each detection with the first undetected command of its label whose end lies in
+    [end - 0.2 s, end + ``max_delay_s``] of the detection; the rest are false accepts."""
     cmds = [e for e in events if e.label < SIL]
     used = [False] * len(cmds)
-    fa, delays = 0, []
+    out = Matched([], [], [])
     for d in detections:
         t = d.end_ms / 1000 * SAMPLE_RATE
         hit = None
@@ -168,11 +183,12 @@ def match(
                 hit = k
                 break
         if hit is None:
-            fa += 1
+            out.false.append(d)
         else:
             used[hit] = True
-            delays.append((t - cmds[hit].end) / SAMPLE_RATE)
-    return sum(used), fa, delays
+            out.hits.append(cmds[hit])
+            out.delays_s.append((t - cmds[hit].end) / SAMPLE_RATE)
+    return out
 
 
 def score(
@@ -185,10 +201,14 @@ def score(
     total = StreamScore(config.threshold, 0, 0, 0, 0.0, [])
     for scores, stream in per_stream:
         dets = KeywordSpotter(labels, frame_ms, config).run(scores)
-        hit, fa, delays = match(dets, stream.events, labels)
-        total.commands += sum(1 for e in stream.events if e.label < SIL)
-        total.detected += hit
-        total.false_accepts += fa
+        m = match(dets, stream.events, labels)
+        cmds = [labels[e.label] for e in stream.events if e.label < SIL]
+        total.commands += len(cmds)
+        total.detected += len(m.hits)
+        total.false_accepts += len(m.false)
         total.hours += stream.hours
-        total.delays_s += delays
+        total.delays_s += m.delays_s
+        total.commands_by_label.update(cmds)
+        total.detected_by_label.update(labels[e.label] for e in m.hits)
+        total.false_by_label.update(d.label for d in m.false)
     return total

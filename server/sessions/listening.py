@@ -5,6 +5,8 @@
 operating point is the model's (`KWSConfig.from_metadata`: the checkpoint metadata's
 `"detection"`), overridden per session by `threshold`, `keywords` ({command: threshold}),
 `listen` (the commands to detect) and `refractory_ms`; `vad: false` computes every frame.
+A session's `threshold` given without `keywords` applies to every command but the session's
+own per-command thresholds: a model's per-command defaults give way to it (`session_point`).
 Unknown commands or options outside utterance mode are refused (ValueError -> `error`
 `invalid_message`, close 1008).
 
@@ -36,19 +38,25 @@ def make_listener(start: SpeechStart, engine: Engine) -> Listener | None:
             raise ValueError(f'{", ".join(given)} need "mode": "continuous"')
         return None
     cfg = engine.config
-    kws = KWSConfig.from_metadata(engine.metadata)
-    if start.threshold is not None:
-        kws.threshold = start.threshold
-    if start.keywords is not None:
-        kws.keywords = dict(start.keywords)
-    if start.listen is not None:
-        kws.listen = list(start.listen)
-    if start.refractory_ms is not None:
-        kws.refractory_ms = start.refractory_ms
+    options = start.model_dump(include=set(OPTIONS), exclude_none=True)
+    kws = session_point(KWSConfig.from_metadata(engine.metadata), options, None)
     kws.validate(list(cfg.labels))
     return Listener(
         list(cfg.labels), cfg.frame_stride, cfg.sample_rate, kws, GateConfig(enabled=start.vad)
     )
+
+
+def session_point(
+    point: KWSConfig, changes: dict[str, Any], own_keywords: dict[str, float] | None
+) -> KWSConfig:
+    """`point` with a session's option `changes` (`threshold`, `keywords`, `listen`,
+    `refractory_ms`). A `threshold` without `keywords` applies to every command except the
+    session's own per-command thresholds (`own_keywords`): per-command thresholds that came
+    with the model give way to it, so one slider moves every command."""
+    data = {**point.to_dict(), **changes}
+    if "threshold" in changes and "keywords" not in changes:
+        data["keywords"] = dict(own_keywords or {})
+    return KWSConfig.from_dict(data)
 
 
 def detection_message(det: Detection, index: int) -> dict[str, Any]:

@@ -23,7 +23,6 @@ import numpy as np
 import torch
 
 from dlr_runtime.engine import SnapshotError, StreamResampler
-from dlr_runtime.kws import KWSConfig
 from dlr_runtime.listen import Heard, Listener
 
 from ..errors import Closed
@@ -32,7 +31,13 @@ from ..protocol import SpeechConfigure, SpeechEnd, SpeechStart
 from ..registry import ModelEntry
 from ..work import SpeechStream
 from ..ws import Conn
-from .listening import detection_message, final_detections, listening_fields, make_listener
+from .listening import (
+    detection_message,
+    final_detections,
+    listening_fields,
+    make_listener,
+    session_point,
+)
 from .store import LiveSession, SessionStore
 
 
@@ -315,7 +320,7 @@ class SpeechSession(LiveSession):
         from). A bad option is refused like one of `start` (error, close 1008)."""
         if self.ended:
             raise await self.fail(conn, "invalid_message", "configure after end")
-        changes = msg.model_dump(exclude_unset=True, exclude={"type"})
+        changes = msg.model_dump(exclude_unset=True, exclude_none=True, exclude={"type"})
         if not changes:
             raise await self.fail(
                 conn, "invalid_message", "configure needs one of threshold, keywords, listen, "
@@ -328,7 +333,7 @@ class SpeechSession(LiveSession):
                 raise await self.fail(
                     conn, "invalid_message", 'configure needs "mode": "continuous"'
                 )
-            cfg = KWSConfig.from_dict({**lis.spotter.config.to_dict(), **changes})
+            cfg = session_point(lis.spotter.config, changes, self.start.keywords)
 
             def apply() -> int:  # on the engine thread, between batches
                 lis.spotter.reconfigure(cfg)

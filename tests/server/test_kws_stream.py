@@ -136,9 +136,11 @@ async def rest_until_final(ws, seen: list[dict]) -> dict:
     return m
 
 
-async def configured_stream(url: str, data: bytes, at: int, change: dict) -> tuple[list, dict]:
+async def configured_stream(
+    url: str, data: bytes, at: int, change: dict, **start
+) -> tuple[list, dict]:
     """Send data[:at], a `configure` with `change`, the rest, end: (messages, configured)."""
-    ws, _ = await speech_start(url, mode="continuous")
+    ws, _ = await speech_start(url, mode="continuous", **start)
     seen: list[dict] = []
     for i in range(0, at, 3200):
         await ws.send(data[i : min(i + 3200, at)])
@@ -174,6 +176,11 @@ def test_configure_changes_the_options_from_where_it_applies(srv, kws_dir):
     seen, conf = asyncio.run(configured_stream(srv.ws, data, 0, {"listen": [first]}))
     assert conf["audio_ms"] == 0 and conf["detection"]["listen"] == [first]
     assert dets(seen) == offline(kws_dir, x, listen=[first])
+    # a new shared threshold keeps the session's own per-command one
+    own = {first: 0.999}
+    seen, conf = asyncio.run(configured_stream(srv.ws, data, 0, {"threshold": 0.3}, keywords=own))
+    assert conf["detection"]["keywords"] == own and conf["detection"]["threshold"] == 0.3
+    assert dets(seen) == offline(kws_dir, x, keywords=own)
 
 
 @pytest.mark.parametrize(
@@ -182,6 +189,7 @@ def test_configure_changes_the_options_from_where_it_applies(srv, kws_dir):
         ({"mode": "continuous"}, {"keywords": {"banana": 0.5}}, "banana"),
         ({"mode": "continuous"}, {"threshold": 0}, "threshold"),
         ({"mode": "continuous"}, {}, "configure needs one of"),
+        ({"mode": "continuous"}, {"keywords": None}, "configure needs one of"),
         ({"mode": "continuous"}, {"vad": False}, "vad"),
         ({}, {"threshold": 0.5}, "continuous"),
     ],

@@ -63,6 +63,21 @@ def test_kws_train_resume_and_eval(tmp_path: Path) -> None:
     assert (out / "model" / "eval" / "det.png").is_file()
     point = load_checkpoint(out / "model").checkpoint_metadata["detection"]
     assert point == res["streams"]["operating_point"]
+    assert res["streams"]["rule"] == "global" and point["keywords"] == {}
+    # one threshold per command: chosen on valid, compared with the shared one on test
+    per = tmp_path / "per-command"
+    rc = eval_main(
+        ["speech", str(out / "model"), "--cache-dir", str(tmp_path / "cache"), "--max-clips", "8",
+         "--silence-clips", "4", "--stream-minutes", "0.5", "--valid-stream-minutes", "0.5",
+         "--stream-piece-minutes", "0.5", "--per-command", "--fa-target", "60", "--out", str(per)]
+    )  # fmt: skip
+    assert rc == 0
+    streams = json.loads((per / "eval.json").read_text())["streams"]
+    assert streams["rule"] in ("global", "per_command")
+    assert {"global_point", "per_command_curve", "test_per_command"} <= set(streams)
+    n = sum(c["commands"] for c in streams["test_per_command"].values())
+    assert n == streams["test_at_operating_point"]["commands"]
+    assert load_checkpoint(out / "model").checkpoint_metadata["detection"] == point  # untouched
 
     # --init-from: a fine-tuning run starts from the trained weights (a ~zero learning rate
     # keeps them), where a fresh run of the same seed does not
