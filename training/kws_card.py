@@ -307,7 +307,8 @@ the mixes):
 Held-out voices only (`training/streams.py`): commands, unknown words and pauses at random gaps
 (0.4-4 s, sometimes 2-8 s) over changing backgrounds (noise colours, hum, babble at 5-30 dB SNR),
 room and channel augmentation; scored with the decision rule above. A detection counts when its
-label matches a command that ended at most 1.2 s earlier; anything else is a false accept.
+label matches a command being spoken or one that ended at most 1.2 s earlier; anything else is
+a false accept.
 
 {_stream_table(ev)}
 

@@ -8,9 +8,10 @@ label, start and end.
 
 Scoring (:func:`score`) runs the one decision rule (``dlr_runtime.kws.KeywordSpotter``) over
 the model's per-frame scores. A command counts as detected when a detection with its label
-fires between its end - 0.2 s and its end + ``max_delay_s``; every other detection is a false
-accept (a wrong label, a second detection of one word, or a detection on unknown words or
-noise). Delay = detection time - end of the word.
+fires while it is spoken or up to ``max_delay_s`` after its end (a user does not mind a "stop"
+recognised before its last sound); every other detection is a false accept (a wrong label, a
+second detection of one word, or a detection on unknown words or noise). Delay = detection
+time - end of the word (negative when it fired during the word).
 """
 
 from __future__ import annotations
@@ -168,8 +169,8 @@ class Matched:
 def match(
     detections: list[Detection], events: list[Event], labels: list[str], max_delay_s: float = 1.2
 ) -> Matched:
-    """Pair each detection with the first undetected command of its label whose end lies in
-    [end - 0.2 s, end + ``max_delay_s``] of the detection; the rest are false accepts."""
+    """Pair each detection with the first undetected command of its label that it fired
+    during or at most ``max_delay_s`` after; the rest are false accepts."""
     cmds = [e for e in events if e.label < SIL]
     used = [False] * len(cmds)
     out = Matched([], [], [])
@@ -179,7 +180,7 @@ def match(
         for k, e in enumerate(cmds):
             if used[k] or labels[e.label] != d.label:
                 continue
-            if e.end - 0.2 * SAMPLE_RATE <= t <= e.end + max_delay_s * SAMPLE_RATE:
+            if e.start <= t <= e.end + max_delay_s * SAMPLE_RATE:
                 hit = k
                 break
         if hit is None:

@@ -146,3 +146,22 @@ def test_stream_score_counts_hits_and_false_accepts_per_label():
     assert got.detected_by_label == Counter({"yes": 1})
     assert got.false_by_label == Counter({"go": 1})
     assert got.delays_s == [pytest.approx(0.02)]
+
+
+def test_a_detection_counts_while_the_command_is_spoken_but_not_before_it():
+    from training.data.labels import SAMPLE_RATE
+    from training.streams import Event, match
+
+    labels = ["yes", "no", "_silence_", "_unknown_"]
+    word = Event(0, "yes", "v", int(1.0 * SAMPLE_RATE), int(1.6 * SAMPLE_RATE))
+
+    def det(t_s: float):
+        from dlr_runtime.kws import Detection
+
+        return Detection("yes", 0.9, t_s * 1000 - 100, t_s * 1000, int(t_s * 50))
+
+    for t, hit in [(0.9, False), (1.1, True), (1.55, True), (2.7, True), (2.9, False)]:
+        m = match([det(t)], [word], labels)
+        assert (len(m.hits), len(m.false)) == ((1, 0) if hit else (0, 1)), t
+    m = match([det(1.3), det(1.7)], [word], labels)  # one word fires once: the second is false
+    assert len(m.hits) == 1 and len(m.false) == 1 and m.delays_s == [pytest.approx(-0.3)]
