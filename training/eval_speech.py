@@ -17,12 +17,15 @@
    streams for at most ``fa_target`` false accepts per hour (never on test): one shared
    threshold, or one threshold per command with ``--per-command`` (``operating_point.py``;
    then the DET plot also draws that rule's test results at several targets, and
-   ``global_point`` keeps the shared threshold's results for comparison).
+   ``global_point`` keeps the shared threshold's results for comparison). With several
+   ``--smooth-ms`` windows, the one detecting the most valid commands within the target is
+   kept (``smoothing`` in eval.json lists each window's best point on the valid streams).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +37,7 @@ from dlr_runtime import load_checkpoint
 from dlr_runtime.kws import KeywordSpotter, KWSConfig, commands_of
 from training.data.rooms import rir_bank
 from training.data.sc12 import SIL, UNK, WordPool, clip_windows, silence_windows
-from training.operating_point import ChosenPoint, choose_point
+from training.operating_point import ChosenPoint, choose_point, global_point
 from training.recipes.kws import KWSOptions, load_split
 from training.streams import StreamScore, build_stream, score, stream_scores
 
@@ -55,6 +58,7 @@ class EvalOptions:
     stream_piece_minutes: float = 5.0  # length of one stream
     fa_target: float = 0.5  # false accepts per hour that pick the operating point
     per_command: bool = False  # one threshold per command (else one shared threshold)
+    smooth_ms: tuple[float, ...] = ()  # smoothing windows to choose from on valid (): the model's
     write_operating_point: bool = False  # store the chosen point in MODEL_DIR's metadata
 
 
@@ -236,7 +240,7 @@ def evaluate(model_dir: str | Path, opts: EvalOptions) -> dict[str, Any]:
 def _stream_eval(model, pools, rirs, seed, labels, frame_ms, base, opts, out) -> dict[str, Any]:
     res: dict[str, Any] = {}
     curves: dict[str, list[dict]] = {}
-    sweeps, per = {}, {}
+    per = {}
     for name, minutes in (("valid", opts.valid_stream_minutes), ("test", opts.stream_minutes)):
         streams = _streams(
             pools[name],
@@ -246,11 +250,26 @@ def _stream_eval(model, pools, rirs, seed, labels, frame_ms, base, opts, out) ->
             seed + (1 if name == "test" else 2),
         )
         per[name] = [(stream_scores(model, s.audio), s) for s in streams]
-        sweeps[name] = sweep(per[name], labels, frame_ms, base)
+        res[name] = {"hours": sum(s.hours for s in streams)}
+    # the smoothing window: the one whose best threshold within the target detects the most
+    # valid commands (ties: the shorter window, which fires sooner)
+    by_smooth = {}
+    for ms in opts.smooth_ms or (base.smooth_ms,):
+        b = KWSConfig(**{**asdict(base), "smooth_ms": float(ms)})
+        by_smooth[float(ms)] = (b, sweep(per["valid"], labels, frame_ms, b))
+    res["smoothing"] = {
+        f"{ms:g}": global_point(sw, opts.fa_target).summary() for ms, (_, sw) in by_smooth.items()
+    }
+    best = max(
+        by_smooth, key=lambda ms: (global_point(by_smooth[ms][1], opts.fa_target).detected, -ms)
+    )
+    base = by_smooth[best][0]
+    sweeps = {"valid": by_smooth[best][1], "test": sweep(per["test"], labels, frame_ms, base)}
+    for name in ("valid", "test"):
         curves[f"{name} voices"] = [s.summary() for s in sweeps[name]]
-        res[name] = {"hours": sum(s.hours for s in streams), "curve": curves[f"{name} voices"]}
+        res[name]["curve"] = curves[f"{name} voices"]
 
-    def on(name: str) -> Any:
+    def on(name: str) -> Callable[[KWSConfig], StreamScore]:
         return lambda cfg: score(per[name], labels, frame_ms, cfg)
 
     def pick(target: float, per_command: bool) -> ChosenPoint:

@@ -69,12 +69,15 @@ def test_kws_train_resume_and_eval(tmp_path: Path) -> None:
     rc = eval_main(
         ["speech", str(out / "model"), "--cache-dir", str(tmp_path / "cache"), "--max-clips", "8",
          "--silence-clips", "4", "--stream-minutes", "0.5", "--valid-stream-minutes", "0.5",
-         "--stream-piece-minutes", "0.5", "--per-command", "--fa-target", "60", "--out", str(per)]
+         "--stream-piece-minutes", "0.5", "--per-command", "--fa-target", "60", "--out", str(per),
+         "--smooth-ms", "60", "200"]
     )  # fmt: skip
     assert rc == 0
     streams = json.loads((per / "eval.json").read_text())["streams"]
     assert streams["rule"] in ("global", "per_command")
     assert {"global_point", "per_command_curve", "test_per_command"} <= set(streams)
+    assert set(streams["smoothing"]) == {"60", "200"}
+    assert streams["operating_point"]["smooth_ms"] in (60.0, 200.0)
     n = sum(c["commands"] for c in streams["test_per_command"].values())
     assert n == streams["test_at_operating_point"]["commands"]
     assert load_checkpoint(out / "model").checkpoint_metadata["detection"] == point  # untouched
