@@ -158,6 +158,12 @@ def card(
         if ev.get("streams", {}).get("rule") == "per_command"
         else "as the lowest threshold with"
     )
+    windows = list(ev.get("streams", {}).get("smoothing", {}))
+    if len(windows) > 1:
+        chosen_by = (
+            f"among smoothing windows of {', '.join(windows)} ms (each at its lowest threshold "
+            "within the target) as the one that detects the most valid commands, with"
+        )
     sizes = summary["sizes"]
     kws_opts = summary["recipe_options"]["kws"]
     extras = []

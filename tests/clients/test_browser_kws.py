@@ -25,10 +25,12 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 HAS_SHIPPED = (SHIPPED / "config.json").is_file()
 SC12 = HAS_SHIPPED and "_unknown_" in read_header(SHIPPED)["config"].labels
 
-# The slider is set to 0.6, a setting on the shipped model's curve (MODEL.md): its default
-# operating point (0.93) misses some of these commands, which tests/server/test_kws_shipped.py
-# records as a strict xfail.
-USER_THRESHOLD = 0.6
+# The slider is set to 0.4, a setting on the shipped model's curve (MODEL.md): its default
+# operating point (0.8) misses some of these commands, which tests/server/test_kws_shipped.py
+# records as a strict xfail. The en-us "stop" peaks anywhere from 0.50 to 0.79 depending on
+# where it falls inside a 20 ms frame (benchmarks/bench_kws_phase.py), and the other words
+# stay under 0.13, so 0.4 holds whatever the microphone's timing.
+USER_THRESHOLD = 0.4
 
 pytestmark = [
     pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed"),
