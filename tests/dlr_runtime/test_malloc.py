@@ -47,5 +47,9 @@ def _faults(mode: str, backend: str) -> float:
 @pytest.mark.parametrize("backend", ["torch", "fused"])
 def test_a_batch_of_64_streams_reuses_its_memory_without_page_faults(backend):
     default, kept = _faults("default", backend), _faults("keep", backend)
-    assert default > 100  # glibc's default: the freed blocks are unmapped, faulted in again
-    assert kept < default / 10
+    # kept: ~0-25 faults per batch here; glibc's default usually unmaps the freed blocks and
+    # faults them in again (~800-1200), but its dynamic mmap threshold sometimes starts
+    # reusing them on its own (one CI run: 6), so the default is the comparison, not the test
+    assert kept < 50, (kept, default)
+    if default > 100:
+        assert kept < default / 10, (kept, default)
