@@ -36,9 +36,9 @@ def smoothed(p: np.ndarray, k: int) -> np.ndarray:
 
 
 @torch.no_grad()
-def peaks(model, labels: list[str], word: np.ndarray, is_command: str | None, ks: list[int]):
-    """{k: peak per shift (S,)} of one word: its label's smoothed posterior, or (another word)
-    the highest command's."""
+def peaks(model, labels: list[str], word: np.ndarray, label: str | None, ks: list[int]):
+    """{k: peak per shift (S,)} of one word: its `label`'s smoothed posterior, or (another
+    word, `label` None) the highest command's."""
     lead, tail = int(0.5 * RATE), int(1.2 * RATE)
     x = np.concatenate([np.zeros(lead, np.float32), word, np.zeros(tail, np.float32)])
     batch = np.stack([np.concatenate([np.zeros(s, np.float32), x])[: x.size] for s in SHIFTS])
@@ -51,7 +51,7 @@ def peaks(model, labels: list[str], word: np.ndarray, is_command: str | None, ks
         got = []
         for p in post:
             sm = smoothed(p, k)[max(0, start - k + 1) : end - k + 1]  # frames start..end
-            col = sm[:, labels.index(is_command)] if is_command else sm[:, cmd].max(1)
+            col = sm[:, labels.index(label)] if label else sm[:, cmd].max(1)
             got.append(float(col.max()))
         out[k] = np.array(got)
     return out
