@@ -42,6 +42,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "byte-lm": {"d_model": 192, "d_state": 64, "n_layers": 4, "vocab_size": 258},  # shipped shape
 }
 
+_LATER: dict[str, Any] = {"frame_window": 0}  # field -> value meaning "not used"
+
 
 @dataclass
 class DLRConfig:
@@ -61,6 +63,8 @@ class DLRConfig:
     vocab_size: int = 258  # tokens: size of the embedding table and of the LM head
     sample_rate: int = 16000  # audio: samples per second the model consumes
     frame_stride: int = 1  # audio: samples per frame; a causal linear map of each full frame
+    frame_window: int = 0  # audio: samples the front end sees per frame (0 = frame_stride;
+    # more: the frame plus the end of the previous ones, overlapping windows; frontend.py)
     decoder: DecoderKind = "lm"  # lm: logits at every position; classifier: running-mean head
     labels: list[str] = field(default_factory=list)  # classifier: class names (n_classes)
     frontend: FrontendKind = "raw"  # audio: per-frame front end (raw | logmel), frontend.py
@@ -105,6 +109,25 @@ class DLRConfig:
             raise ValueError(f"DLRConfig.pool_window_s must be >= 0, got {self.pool_window_s}")
         if self.encoder == "tokens" and self.frame_stride != 1:
             raise ValueError("DLRConfig.frame_stride applies to the audio encoder only")
+        if self.encoder == "tokens" and self.frame_window != 0:
+            raise ValueError("DLRConfig.frame_window applies to the audio encoder only")
+        if self.frame_window != 0 and (
+            not isinstance(self.frame_window, int) or self.frame_window < self.frame_stride
+        ):
+            raise ValueError(
+                "DLRConfig.frame_window must be 0 or an integer >= frame_stride "
+                f"({self.frame_stride}), got {self.frame_window!r}"
+            )
+
+    @property
+    def window(self) -> int:
+        """Samples the audio front end sees per frame (the frame and the `history` before it)."""
+        return self.frame_window or self.frame_stride
+
+    @property
+    def history(self) -> int:
+        """Samples of earlier frames an audio frame's window reaches back over (0: none)."""
+        return self.window - self.frame_stride
 
     @property
     def n_classes(self) -> int:
@@ -116,7 +139,13 @@ class DLRConfig:
         return self.vocab_size if self.decoder == "lm" else self.n_classes
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field, except those added later that hold their off value (`_LATER`), so
+        existing checkpoints' configs, and the snapshot hashes made from them, stay as they were."""
+        data = asdict(self)
+        for name, off in _LATER.items():
+            if data[name] == off:
+                del data[name]
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)

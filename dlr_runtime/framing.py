@@ -2,13 +2,17 @@
 
 An audio model consumes frames of `frame_stride` samples. The samples of a frame not yet
 complete live in the state ("frame_buf", "frame_fill"), so a stream can be cut anywhere,
-even inside a frame. A backend supplies only what it does with whole frames:
+even inside a frame. A front end whose window reaches back over earlier frames
+(`DLRConfig.history` > 0) also keeps the last `history` samples before the frame being filled
+("frame_hist", zeros at the start of a stream), and each frame goes to the model as its window:
+those samples followed by the frame's own, (W,) = (history + S,). A backend supplies only what
+it does with whole frames:
 
 - `audio_step(x_t, state, stride, run_frames)`: one sample per stream; streams that complete a
-  frame run it through `run_frames(frames (b, S), sub_state) -> sub_state`.
-- `audio_chunk(x, state, stride, run_frames)`: T samples per stream; complete frames (B, F, S)
-  go through `run_frames(frames, state) -> (y (B, F, C), state)`. Streams at different offsets
-  inside a frame are processed per offset group.
+  frame run its window through `run_frames(windows (b, W), sub_state) -> sub_state`.
+- `audio_chunk(x, state, stride, run_frames)`: T samples per stream; complete frames' windows
+  (B, F, W) go through `run_frames(windows, state) -> (y (B, F, C), state)`. Streams at
+  different offsets inside a frame are processed per offset group.
 """
 
 from __future__ import annotations
@@ -18,15 +22,16 @@ from collections.abc import Callable
 import torch
 
 State = dict[str, torch.Tensor]
-FRAMING_KEYS = ("frame_buf", "frame_fill")
+FRAMING_KEYS = ("frame_buf", "frame_fill", "frame_hist")
 
 
 def push_sample(state: State, x_t: torch.Tensor, stride: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Append one audio sample per stream to its frame buffer, updating `state` in the dict.
 
-    Returns (buf (B, stride), done (B,)): the buffers with the new sample, and which streams
-    completed a frame. A completed frame's buffer is zeroed in the state (canonical state, as
-    `take_frames` leaves it), so the caller runs `buf[done]` through its model.
+    Returns (win (B, W), done (B,)): each stream's window with the new sample (its history,
+    then the frame buffer), and which streams completed a frame. A completed frame's buffer is
+    zeroed in the state (canonical state, as `take_frames` leaves it) and its window's last
+    `history` samples become the new history, so the caller runs `win[done]` through its model.
     """
     rows = torch.arange(x_t.shape[0], device=x_t.device)
     buf = state["frame_buf"].clone()
@@ -35,7 +40,12 @@ def push_sample(state: State, x_t: torch.Tensor, stride: int) -> tuple[torch.Ten
     done = fill == stride  # (B,)
     state["frame_buf"] = torch.where(done.unsqueeze(-1), 0.0, buf).to(buf.dtype)
     state["frame_fill"] = torch.where(done, 0, fill)
-    return buf, done
+    if "frame_hist" not in state:
+        return buf, done
+    hist = state["frame_hist"]
+    win = torch.cat([hist, buf], dim=1)  # (B, P + S)
+    state["frame_hist"] = torch.where(done.unsqueeze(-1), win[:, -hist.shape[1] :], hist)
+    return win, done
 
 
 def advance_completed(
@@ -59,7 +69,8 @@ def advance_completed(
 
 def take_frames(state: State, x: torch.Tensor, fill: int, stride: int) -> torch.Tensor:
     """Join the pending samples (all rows hold `fill`) with x (B, T); return the complete
-    frames (B, F, stride) and keep the remainder as the new pending samples in `state`."""
+    frames' windows (B, F, W) and keep the remainder as the new pending samples (and the
+    samples before it as the new history) in `state`."""
     samples = torch.cat([state["frame_buf"][:, :fill], x.to(state["frame_buf"].dtype)], dim=1)
     n_frames = samples.shape[1] // stride
     rest = samples[:, n_frames * stride :]  # (B, < stride)
@@ -67,7 +78,15 @@ def take_frames(state: State, x: torch.Tensor, fill: int, stride: int) -> torch.
     buf[:, : rest.shape[1]] = rest
     state["frame_buf"] = buf
     state["frame_fill"] = torch.full_like(state["frame_fill"], rest.shape[1])
-    return samples[:, : n_frames * stride].reshape(x.shape[0], n_frames, stride)
+    whole = samples[:, : n_frames * stride]  # (B, F * S)
+    if "frame_hist" not in state:
+        return whole.reshape(x.shape[0], n_frames, stride)
+    hist = state["frame_hist"]
+    if n_frames == 0:
+        return whole.new_zeros(x.shape[0], 0, hist.shape[1] + stride)
+    joined = torch.cat([hist, whole], dim=1)  # (B, P + F * S)
+    state["frame_hist"] = joined[:, joined.shape[1] - hist.shape[1] :]
+    return joined.unfold(1, hist.shape[1] + stride, stride)  # (B, F, P + S)
 
 
 def audio_step(

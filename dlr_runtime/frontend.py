@@ -1,15 +1,23 @@
-"""Causal audio front ends applied to each frame of `frame_stride` samples by the audio encoder.
+"""Causal audio front ends applied to each frame's window by the audio encoder.
 
-- ``raw``: the frame's samples as they are (the paper's setting: a linear map of raw audio).
-- ``logmel``: a log-mel spectrum of the frame alone: Tukey(0.5) window -> real DFT of length
-  ``frame_stride`` (``torch.fft.rfft``; as two matmuls with fixed cos/sin tables while tracing
-  for ONNX export, `power_ref`, ~4x slower in eager mode) -> power -> triangular mel
-  filterbank (``n_mels`` bands, HTK mel scale, 20 Hz .. Nyquist) -> ``log(mel + 1e-6)``, scaled
-  to roughly unit range. The window never overlaps the previous frame, so the front end needs
-  no state of its own and is exact in every form (offline, chunk, step): a frame is encoded
-  once its last sample has arrived, as for ``raw``. Every table is a non-persistent buffer
-  rebuilt from the config, so checkpoints hold no front-end tensors and the front end runs in
-  the model's dtype (float64 for complex128 state).
+A frame is `frame_stride` samples; the front end sees its *window*: `frame_window` samples
+ending with the frame (`DLRConfig.window`; by default the frame alone). A longer window
+overlaps the previous frames, so it needs their last `history` samples, which the framing keeps
+in the state ("frame_hist", `framing.py`); a stream starts with a history of zeros.
+
+- ``raw``: the window's samples as they are (the paper's setting: a linear map of raw audio).
+- ``logmel``: a log-mel spectrum of the window: a taper (Tukey(0.5) when the window is the
+  frame alone, as the first speech models were trained; Hann over an overlapping window, whose
+  50 %-overlap sum is flat, so a word delayed by part of a frame scores nearly the same) ->
+  real DFT of the window's length (``torch.fft.rfft``; as two matmuls with fixed cos/sin tables
+  while tracing for ONNX export, `power_ref`, ~4x slower in eager mode) -> power -> triangular
+  mel filterbank (``n_mels`` bands, HTK mel scale, 20 Hz .. Nyquist) -> ``log(mel + 1e-6)``,
+  scaled to roughly unit range.
+
+The front end itself is position-wise with no state: a frame is encoded once its last sample
+has arrived, exactly in every form (offline, chunk, step). Every table is a non-persistent
+buffer rebuilt from the config, so checkpoints hold no front-end tensors and the front end runs
+in the model's dtype (float64 for complex128 state).
 
 `mel_filterbank` takes explicit bin frequencies so training can warp them (vocal-tract-length
 perturbation) with the same code.
@@ -63,20 +71,31 @@ def tukey(n: int, alpha: float = 0.5) -> torch.Tensor:
     return w
 
 
-class LogMel(nn.Module):
-    """Frames (..., S) -> log-mel features (..., n_mels); position-wise, no state."""
+def taper(window: int, stride: int) -> torch.Tensor:
+    """The analysis window (float64, (W,)): Tukey(0.5) over a frame alone; else Hann, scaled
+    so that white noise gives the same mel energies as the frame-alone Tukey window (a mel
+    band spans W / S times as many DFT bins), which keeps features on one scale."""
+    if window == stride:
+        return tukey(window)
+    hann = torch.hann_window(window, periodic=True, dtype=torch.float64)
+    gain = tukey(stride).square().sum() * stride / (hann.square().sum() * window)
+    return hann * gain.sqrt()
 
-    def __init__(self, stride: int, sample_rate: int, n_mels: int) -> None:
+
+class LogMel(nn.Module):
+    """Windows (..., W) -> log-mel features (..., n_mels); position-wise, no state."""
+
+    def __init__(self, window: int, stride: int, sample_rate: int, n_mels: int) -> None:
         super().__init__()
-        n_bins = stride // 2 + 1
+        n_bins = window // 2 + 1
         k = torch.arange(n_bins, dtype=torch.float64)
-        t = torch.arange(stride, dtype=torch.float64).unsqueeze(-1)
-        ang = 2 * math.pi * t * k / stride  # (S, F)
-        win = tukey(stride).unsqueeze(-1)
-        self.register_buffer("window", win.squeeze(-1).float(), persistent=False)  # (S,)
+        t = torch.arange(window, dtype=torch.float64).unsqueeze(-1)
+        ang = 2 * math.pi * t * k / window  # (W, F)
+        win = taper(window, stride).unsqueeze(-1)
+        self.register_buffer("window", win.squeeze(-1).float(), persistent=False)  # (W,)
         self.register_buffer("dft_cos", (win * torch.cos(ang)).float(), persistent=False)
         self.register_buffer("dft_sin", (win * torch.sin(ang)).float(), persistent=False)
-        self.bin_hz = k * sample_rate / stride  # (F,) float64, for warped filterbanks
+        self.bin_hz = k * sample_rate / window  # (F,) float64, for warped filterbanks
         self.f_max = sample_rate / 2
         self.n_mels = n_mels
         fb = mel_filterbank(self.bin_hz, n_mels, self.f_max)
@@ -87,7 +106,7 @@ class LogMel(nn.Module):
         return self.n_mels
 
     def power(self, frames: torch.Tensor) -> torch.Tensor:
-        """(..., S) -> power spectrum (..., F): an FFT of the windowed frame; the matmul
+        """(..., W) -> power spectrum (..., F): an FFT of the tapered window; the matmul
         form `power_ref` while exporting (ONNX graphs hold no FFT here)."""
         if frames.numel() == 0 or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing():
             return self.power_ref(frames)  # (MKL's FFT refuses empty input)
@@ -109,11 +128,11 @@ class LogMel(nn.Module):
 
 
 class RawFrames(nn.Module):
-    """The identity front end: frames (..., S) -> (..., S)."""
+    """The identity front end: windows (..., W) -> (..., W)."""
 
-    def __init__(self, stride: int) -> None:
+    def __init__(self, window: int) -> None:
         super().__init__()
-        self.out_dim = stride
+        self.out_dim = window
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         return frames
@@ -122,5 +141,5 @@ class RawFrames(nn.Module):
 def make_frontend(cfg: DLRConfig) -> nn.Module:
     """The front end named by `cfg.frontend` (it exposes `out_dim`)."""
     if cfg.frontend == "logmel":
-        return LogMel(cfg.frame_stride, cfg.sample_rate, cfg.n_mels)
-    return RawFrames(cfg.frame_stride)
+        return LogMel(cfg.window, cfg.frame_stride, cfg.sample_rate, cfg.n_mels)
+    return RawFrames(cfg.window)

@@ -6,7 +6,8 @@ Block: [norm if prenorm] -> SSM layer -> GELU -> dropout -> linear (H->2H + GLU,
        -> dropout -> residual add -> [norm if postnorm]
 
 Encoders: a token embedding, or an audio frame encoder mapping each full frame of
-`frame_stride` samples to H features with one linear map (causal: a frame is encoded once its
+`frame_stride` samples (seen through its front-end window, which may reach back over earlier
+samples: `frame_window`) to H features with one linear map (causal: a frame is encoded once its
 last sample has arrived). Decoders: a language-model head at every position, or a classifier
 over the causal running mean of the features (mean pooling that can stream).
 
@@ -77,26 +78,32 @@ class Encoder(nn.Module):
         super().__init__()
         self.kind = cfg.encoder
         self.stride = cfg.frame_stride
+        self.history = cfg.history
         if cfg.encoder == "tokens":
             self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         else:
-            self.frontend = make_frontend(cfg)  # raw samples or log-mel, per frame (no state)
+            self.frontend = make_frontend(cfg)  # raw samples or log-mel, per window (no state)
             self.frame = nn.Linear(self.frontend.out_dim, cfg.d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "tokens":
             return self.embed(x)
-        return self.encode_frames(frames_of(x, self.stride))
+        return self.encode_frames(frames_of(x, self.stride, self.history))
 
     def encode_frames(self, frames: torch.Tensor) -> torch.Tensor:
-        """Audio frames (..., stride) -> (..., H)."""
+        """Audio frame windows (..., W) -> (..., H)."""
         return self.frame(self.frontend(frames))
 
 
-def frames_of(audio: torch.Tensor, stride: int) -> torch.Tensor:
-    """(B, L) samples -> (B, L // stride, stride); a trailing partial frame has no output yet."""
+def frames_of(audio: torch.Tensor, stride: int, history: int = 0) -> torch.Tensor:
+    """(B, L) samples -> windows (B, L // stride, history + stride): frame t's samples after
+    the `history` samples before it (zeros before the stream's start); a trailing partial
+    frame has no output yet."""
     n = audio.shape[1] // stride
-    return audio[:, : n * stride].reshape(audio.shape[0], n, stride)
+    if history == 0 or n == 0:
+        return audio[:, : n * stride].reshape(audio.shape[0], n, history + stride)
+    padded = F.pad(audio[:, : n * stride], (history, 0))  # (B, history + n * stride)
+    return padded.unfold(1, history + stride, stride)  # (B, n, W)
 
 
 class Head(nn.Module):

@@ -34,9 +34,13 @@ def reference_forward(
     if cfg.encoder == "tokens":
         feats = m.encoder.embed(x)  # (B, L, H)
     else:
-        stride = cfg.frame_stride
+        stride, hist = cfg.frame_stride, cfg.history
         n = x.shape[1] // stride
-        feats = m.encoder.encode_frames(x[:, : n * stride].to(dtype).reshape(x.shape[0], n, stride))
+        xs = torch.cat([x.new_zeros(x.shape[0], hist), x[:, : n * stride]], dim=1).to(dtype)
+        windows = xs.new_zeros(x.shape[0], n, hist + stride)  # frame t: its window, as a loop
+        for t in range(n):
+            windows[:, t] = xs[:, t * stride : t * stride + hist + stride]
+        feats = m.encoder.encode_frames(windows)
 
     bsz, length, h = feats.shape
     state = [torch.zeros(bsz, h, cfg.d_state, dtype=cdtype) for _ in params]

@@ -5,6 +5,8 @@ A session's recurrent state is a dict of batch-first tensors of fixed shape:
     "ssm"         (L, H, N)   complex `cdtype`     the diagonal state of every layer
     "frame_buf"   (S,)        real of `cdtype`     audio: samples of the frame being filled
     "frame_fill"  ()          int64                audio: how many of them are filled
+    "frame_hist"  (P,)        real of `cdtype`     audio, overlapping windows (P = history > 0):
+                                                   the samples before the frame being filled
     "mean_sum"    (H,)        float64              classifier: running sum of head features
     "mean_count"  ()          float64              classifier: positions summed
 
@@ -34,6 +36,8 @@ def state_spec(config: DLRConfig, cdtype: torch.dtype = torch.complex64) -> Spec
     if config.encoder == "audio":
         spec["frame_buf"] = ((config.frame_stride,), REAL_OF[cdtype])
         spec["frame_fill"] = ((), torch.int64)
+        if config.history:
+            spec["frame_hist"] = ((config.history,), REAL_OF[cdtype])
     if config.decoder == "classifier":
         spec["mean_sum"] = ((config.d_model,), torch.float64)
         spec["mean_count"] = ((), torch.float64)

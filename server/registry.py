@@ -77,6 +77,7 @@ class ModelEntry:
             out["labels"] = list(cfg.labels)
             out["sample_rate"] = cfg.sample_rate
             out["frame_stride"] = cfg.frame_stride
+            out["frame_window"] = cfg.window  # samples each frame's front end sees
             out["limits"]["max_queued_audio_s"] = settings.max_queued_audio_s
         else:
             tok = self.engine.tokenizer

@@ -200,11 +200,23 @@ def card(
     ]  # fmt: skip
     goal_md = "\n".join(f"| {g} | {r} |" for g, r in goals)
     frame_ms = 1000 * cfg.frame_stride // cfg.sample_rate
+    if cfg.history:
+        window_ms = 1000 * cfg.window // cfg.sample_rate
+        spectrum = (
+            f"spectrum of a {window_ms} ms Hann window ending with the frame\n"
+            f"(`dlr_runtime/frontend.py`; windows overlap by {1000 * cfg.history // cfg.sample_rate} ms, "
+            "so the state keeps the samples before the frame)"
+        )
+    else:
+        spectrum = (
+            "spectrum of that frame alone\n"
+            "(`dlr_runtime/frontend.py`; no overlap, so no front-end state)"
+        )
     return f"""# speech-commands: streaming DLR keyword spotter (SC12, any voice, continuous streams)
 
 A causal DLR network for the ten commands plus `_silence_` and `_unknown_`. Each
 {cfg.frame_stride}-sample frame ({frame_ms} ms at {cfg.sample_rate} Hz) becomes a {cfg.n_mels}-band log-mel
-spectrum of that frame alone (`dlr_runtime/frontend.py`; no overlap, so no front-end state),
+{spectrum},
 one linear map to {cfg.d_model} features, {cfg.n_layers} DLR blocks (N = {cfg.d_state}), and a classifier over an
 exponentially weighted mean of the last ~{cfg.pool_window_s} s of features (`dlr_runtime/heads.py`).
 The scores at any frame say what was said *recently*; the state is fixed-size and the server's

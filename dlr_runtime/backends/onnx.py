@@ -6,7 +6,7 @@ layout of the state differs: the complex SSM state is carried as two float tenso
 
     "ssm_re", "ssm_im"   (B, L, H, N) float32 (or float64 for a float64 export)
 
-next to the same "frame_buf"/"frame_fill" (audio) and "mean_sum"/"mean_count" (classifier)
+next to the same "frame_buf"/"frame_fill"/"frame_hist" (audio) and "mean_sum"/"mean_count" (classifier)
 tensors as `RecurrentModel` (`state_spec.split_complex`). `from_canonical` / `to_canonical`
 convert between the two.
 
@@ -17,7 +17,7 @@ newly allocated state tensors.
 
 Graphs (see `dlr_runtime.export.onnx_export`): `step` (one position), `chunk` (1..max_chunk
 positions; longer inputs are cut into blocks here), `scores` (classifiers). Audio graphs take
-whole frames; the per-sample framing is the runtime's own (`dlr_runtime.framing`).
+whole frames' windows; the per-sample framing is the runtime's own (`dlr_runtime.framing`).
 """
 
 from __future__ import annotations
@@ -176,8 +176,9 @@ class OnnxBackend:
         ssm = state["ssm"].to(self._device)
         out["ssm_re"] = ssm.real.to(self.dtype).contiguous()
         out["ssm_im"] = ssm.imag.to(self.dtype).contiguous()
-        if "frame_buf" in out:
-            out["frame_buf"] = out["frame_buf"].to(self.dtype)
+        for name in ("frame_buf", "frame_hist"):
+            if name in out:
+                out[name] = out[name].to(self.dtype)
         return out
 
     def to_canonical(self, state: State, cdtype: torch.dtype | None = None) -> State:

@@ -253,5 +253,6 @@ def check_state(row: dict[str, torch.Tensor], bounds: dict[str, torch.Tensor] | 
                 raise StateOutOfRange(
                     "state snapshot tensor 'mean_sum' is larger than mean_count positions reach"
                 )
-    if "frame_buf" in row and (row["frame_buf"].abs() > STATE_ABS_CAP).any():
-        raise StateOutOfRange("state snapshot tensor 'frame_buf' holds out-of-range samples")
+    for name in ("frame_buf", "frame_hist"):
+        if name in row and (row[name].abs() > STATE_ABS_CAP).any():
+            raise StateOutOfRange(f"state snapshot tensor '{name}' holds out-of-range samples")

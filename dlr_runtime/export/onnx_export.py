@@ -7,17 +7,18 @@ Layout of an export directory (what `OnnxBackend.from_dir` reads):
     chunk.onnx       T positions per stream, 1 <= T <= max_chunk  (dynamic batch and T)
     scores.onnx      classifiers only: running mean -> class scores (dynamic batch)
 
-Graph signatures (B batch, L layers, H d_model, N d_state, S frame_stride, F float dtype):
+Graph signatures (B batch, L layers, H d_model, N d_state, W frame window (`DLRConfig.window`:
+frame_stride samples, plus the history before them when windows overlap), F float dtype):
 
-    step   x (B,) int64 tokens | (B, S) F audio frame,  state_re, state_im (B, L, H, N) F
+    step   x (B,) int64 tokens | (B, W) F audio window, state_re, state_im (B, L, H, N) F
            [mean_sum (B, H) f64, mean_count (B,) f64]   (classifier decoder)
         -> y (B, V | C), state_re_out, state_im_out, [mean_sum_out, mean_count_out]
-    chunk  x (B, T) int64 | (B, T, S) F, same state     -> y (B, T, V | C), same state outputs
+    chunk  x (B, T) int64 | (B, T, W) F, same state     -> y (B, T, V | C), same state outputs
     scores mean_sum (B, H) f64, mean_count (B,) f64     -> scores (B, C)
 
 The chunk's T is dynamic up to max_chunk (tables sliced in-graph, see `realmath.py`); longer
-inputs are cut into blocks by the caller. Audio graphs take whole frames: the sample framing
-stays outside the graph. Exported with torch.onnx.export(dynamo=True), checked with
+inputs are cut into blocks by the caller. Audio graphs take whole frames' windows: the sample
+framing (and the history of overlapping windows) stays outside the graph. Exported with torch.onnx.export(dynamo=True), checked with
 onnx.checker.
 """
 
@@ -72,7 +73,7 @@ def example_inputs(
     if cfg.encoder == "tokens":
         x = torch.randint(0, cfg.vocab_size, lead)
     else:
-        x = torch.randn(*lead, cfg.frame_stride, dtype=core.dtype)
+        x = torch.randn(*lead, cfg.window, dtype=core.dtype)
     x_dyn = {0: bdim} if t is None else {0: bdim, 1: tdim}
     shape = (batch, len(core.blocks), cfg.d_model, cfg.d_state)
     args: list[torch.Tensor] = [x, torch.randn(shape, dtype=core.dtype) * 0.1]

@@ -18,8 +18,9 @@ block length T inside the graph, so one exported graph serves every T in [1, max
 
 `RealCore` holds the weights; `LMStep`, `LMChunk`, `ClassifierStep`, `ClassifierChunk` and
 `ClassifierScores` are the small modules that get exported (real tensors in and out). Audio
-graphs take whole frames (B, S) / (B, T, S); the sample-level framing (frame buffer, fill count) stays on the torch
-side (`dlr_runtime.backends.onnx`), exactly as `RecurrentModel` does it.
+graphs take whole frames' windows (B, W) / (B, T, W); the sample-level framing (frame buffer,
+fill count, history) stays on the torch side (`dlr_runtime.backends.onnx`), exactly as
+`RecurrentModel` does it.
 """
 
 from __future__ import annotations

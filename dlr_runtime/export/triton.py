@@ -18,8 +18,8 @@ sequence's next request, and the state starts as zeros). Graph tensors (B = Trit
 The graph itself also zeroes the incoming state where START = 1 and passes the state through
 unchanged where READY = 0, so it is correct whatever Triton puts in idle batch slots. CORRID is
 accepted (Triton's ONNX Runtime backend requires every control input to be a model input) and
-not used. Audio models take whole frames of `frame_stride` samples: the client frames the
-audio (the README says how).
+not used. Audio models take whole frames of `frame_stride` samples (each as its front-end
+window when windows overlap): the client frames the audio (the README says how).
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def triton_io(rec: RecurrentModel) -> dict:
     if cfg.encoder == "tokens":
         x = ("TOKEN", "TYPE_INT64", [1])
     else:
-        x = ("FRAME", "TYPE_FP32", [cfg.frame_stride])
+        x = ("FRAME", "TYPE_FP32", [cfg.window])
     y = ("LOGITS" if cfg.decoder == "lm" else "SCORES", "TYPE_FP32", [cfg.out_dim])
     states = [
         ("STATE_RE", "STATE_RE_OUT", "TYPE_FP32", state_dims),
@@ -151,7 +151,7 @@ def export_triton_onnx(rec: RecurrentModel, path: Path) -> Path:
     if cfg.encoder == "tokens":
         x = torch.randint(0, cfg.vocab_size, (b, 1))
     else:
-        x = torch.randn(b, cfg.frame_stride)
+        x = torch.randn(b, cfg.window)
     shape = (b, rec.n_layers, cfg.d_model, cfg.d_state)
     args: list[torch.Tensor] = [x, torch.randn(shape) * 0.1, torch.randn(shape) * 0.1]
     if cfg.decoder == "classifier":
@@ -247,7 +247,14 @@ def export_triton(
     note = (
         f"\nAudio: cut the {cfg.sample_rate} Hz float32 stream into frames of "
         f"{cfg.frame_stride} samples and send each full frame; keep a partial frame on the "
-        "client until it is complete. Scores are those of the running mean over all frames so "
+        "client until it is complete. "
+        + (
+            f"Each FRAME is the frame's window: the {cfg.history} samples before the frame "
+            f"(zeros at the start of the stream), then its {cfg.frame_stride} samples. "
+            if cfg.history
+            else ""
+        )
+        + "Scores are those of the running mean over all frames so "
         "far (the argmax is the current label).\n"
     )
     labels = f" Labels (index order): {json.dumps(cfg.labels)}." if cfg.labels else ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dlr_runtime import load_recurrent
+from dlr_runtime import DLRConfig, DLRModel, load_recurrent, save_checkpoint
 from dlr_runtime.backends import make_backend
 from dlr_runtime.engine import Engine, SnapshotError
 from dlr_runtime.engine.snapshot import MAGIC, read_header
@@ -53,6 +53,30 @@ def test_speech_snapshot_mid_frame(engines):
     assert torch.equal(ya, yb)
     eng.close(a)
     eng.close(b)
+
+
+def test_speech_snapshot_with_overlapping_windows(tmp_path):
+    """A model whose frames see the samples before them keeps that history in the snapshot:
+    restored mid-frame, it continues bitwise; a history holding impossible samples is refused."""
+    cfg = DLRConfig.preset("tiny-speech", frontend="logmel", n_mels=8, frame_window=400)
+    save_checkpoint(DLRModel(cfg, seed=0), tmp_path / "w")
+    rec = load_recurrent(tmp_path / "w")
+    eng = Engine(make_backend(rec, "torch"), "windowed", 2)
+    x = torch.randn(2000, generator=torch.Generator().manual_seed(4)) * 0.3
+    a = eng.open()
+    eng.feed_audio([a], [x[:1250]])  # 7 frames done, 130 samples wait, history non-zero
+    assert float(eng.pool.row(a)["frame_hist"].abs().sum()) > 0
+    blob = eng.snapshot(a)
+    ya = eng.feed_audio([a], [x[1250:]])[0]
+    b = eng.open()
+    eng.restore(b, blob)
+    yb = eng.feed_audio([b], [x[1250:]])[0]
+    assert torch.equal(ya, yb) and ya.shape[0] == 5
+    eng.close(b)
+    bad = eng.pool.row(a)
+    bad["frame_hist"][0] = 1e30
+    with pytest.raises(SnapshotError, match="frame_hist"):
+        eng.restore(eng.open(), eng.snapshot(a))
 
 
 def test_bad_blobs_refused(engines):

@@ -23,22 +23,24 @@ from dlr_runtime import (
     DLRModel,
     load_checkpoint,
     load_recurrent,
+    reference_forward,
     save_checkpoint,
     to_recurrent,
 )
-from dlr_runtime.frontend import LogMel, mel_filterbank, tukey
+from dlr_runtime.frontend import LogMel, mel_filterbank, taper, tukey
 from dlr_runtime.heads import pool_chunk, pool_step
+from dlr_runtime.model import frames_of
 
 F64_TOL = 1e-10
 F32_TOL = 1e-4
 LABELS = ["yes", "no", "_silence_", "_unknown_"]
 
 
-def config(frontend: str, window: float, stride: int = 40) -> DLRConfig:
+def config(frontend: str, window: float, stride: int = 40, frame_window: int = 0) -> DLRConfig:
     return DLRConfig(
         d_model=8, d_state=6, n_layers=2, encoder="audio", decoder="classifier",
         labels=LABELS, frame_stride=stride, frontend=frontend, n_mels=10, pool_window_s=window,
-        dt_min=0.01, dt_max=0.5, sample_rate=16000,
+        dt_min=0.01, dt_max=0.5, sample_rate=16000, frame_window=frame_window,
     )  # fmt: skip
 
 
@@ -65,14 +67,17 @@ def streamed(rec, x: torch.Tensor, cuts: list[int], steps_from: int | None = Non
 
 @pytest.mark.parametrize("frontend", ["raw", "logmel"])
 @pytest.mark.parametrize("window", [0.0, 0.01])
-def test_offline_chunk_step_agree_float64(frontend, window):
-    cfg = config(frontend, window)
+@pytest.mark.parametrize("frame_window", [0, 53, 80], ids=["frame", "window+13", "window+40"])
+def test_offline_chunk_step_agree_float64(frontend, window, frame_window):
+    cfg = config(frontend, window, frame_window=frame_window)
     model = DLRModel(cfg, seed=0).double().eval()
     rec = to_recurrent(model, dtype=torch.complex128, max_block=16)
     x = audio(2, 40 * 70)
     with torch.no_grad():
         ref = model(x)  # (2, 70, 4)
     scale = ref.abs().max()
+    if window == 0.0:  # the plain loop (running-mean head only) is the specification
+        assert float((reference_forward(model, x) - ref).abs().max() / scale) < F64_TOL
     for cuts, steps_from in (([], None), ([7, 333, 334, 1201], None), ([13, 900], 2400)):
         out = streamed(rec, x, cuts, steps_from)
         assert out.shape == ref.shape
@@ -82,8 +87,9 @@ def test_offline_chunk_step_agree_float64(frontend, window):
 
 
 @pytest.mark.parametrize("frontend", ["raw", "logmel"])
-def test_offline_chunk_step_agree_float32(frontend):
-    cfg = config(frontend, 0.02, stride=320)
+@pytest.mark.parametrize("frame_window", [0, 640])
+def test_offline_chunk_step_agree_float32(frontend, frame_window):
+    cfg = config(frontend, 0.02, stride=320, frame_window=frame_window)
     model = DLRModel(cfg, seed=1).eval()
     rec = to_recurrent(model, dtype=torch.complex64)
     x = audio(2, 320 * 50, seed=1, dtype=torch.float32)
@@ -95,7 +101,7 @@ def test_offline_chunk_step_agree_float32(frontend):
 
 def test_logmel_matches_torchaudio_reference():
     stride, sr, n_mels = 320, 16000, 40
-    fe = LogMel(stride, sr, n_mels).double()
+    fe = LogMel(stride, stride, sr, n_mels).double()
     x = audio(1, stride * 12)[0]
     frames = x.reshape(12, stride)
     spec = torchaudio.transforms.Spectrogram(
@@ -116,12 +122,70 @@ def test_logmel_matches_torchaudio_reference():
     assert torch.allclose(fe(frames), ref, atol=1e-4)
 
 
+def test_overlapping_logmel_matches_torchaudio_reference():
+    """40 ms Hann windows every 20 ms: torchaudio's Spectrogram over the stream with the first
+    window's missing history as zeros, the scaled Hann window of `taper`."""
+    stride, win, sr, n_mels = 320, 640, 16000, 40
+    fe = LogMel(win, stride, sr, n_mels).double()
+    x = audio(1, stride * 12)[0]
+    spec = torchaudio.transforms.Spectrogram(
+        n_fft=win,
+        hop_length=stride,
+        center=False,
+        power=2.0,
+        window_fn=lambda n, **_: taper(n, stride),
+        wkwargs=None,
+    ).double()(torch.nn.functional.pad(x, (win - stride, 0)))  # (F, T)
+    fb = torchaudio.functional.melscale_fbanks(
+        win // 2 + 1, 20.0, sr / 2, n_mels, sr, norm=None, mel_scale="htk"
+    ).double()
+    windows = frames_of(x.unsqueeze(0), stride, win - stride)[0]  # (12, 640)
+    assert spec.shape[1] == windows.shape[0] == 12
+    assert torch.allclose(fe.power(windows), spec.T, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(fe(windows), fe.compress(spec.T @ fb), atol=1e-4)
+
+
+def test_overlapping_window_keeps_the_feature_scale():
+    """White noise: the mean mel energies of 40 ms Hann windows match the 20 ms Tukey frames'
+    (bands 20-39 within 5 %; the narrower low bands, where a triangle covers a few 50 Hz bins
+    of the 20 ms frame and the sum of its weights depends on where they fall, within 25 %), so
+    a model trained on the frames can be fine-tuned on the windows without a jump in its
+    inputs."""
+    x = audio(1, 16000 * 8, seed=3, dtype=torch.float32)
+    frame, window = LogMel(320, 320, 16000, 40), LogMel(640, 320, 16000, 40)
+    e_frame = (frame.power(frames_of(x, 320, 0)) @ frame.fbank)[0]  # (400, 40)
+    e_window = (window.power(frames_of(x, 320, 320)) @ window.fbank)[0, 1:]  # (399, 40)
+    ratio = e_window.mean(0) / e_frame.mean(0)  # per band
+    assert float((ratio[20:] - 1).abs().max()) < 0.05
+    assert float((ratio - 1).abs().max()) < 0.25
+    assert float(window.compress(e_window).std(0).mean()) < float(
+        frame.compress(e_frame).std(0).mean()
+    )  # a longer window: a steadier estimate
+
+
+def test_a_shift_inside_a_frame_moves_overlapping_features_less():
+    """The reason for overlapping windows: a sound delayed by half a frame changes the 20 ms
+    frames' log-mel more than the 40 ms windows' (a tone burst, 10 ms shift)."""
+    t = torch.arange(16000 * 2, dtype=torch.float64) / 16000
+    env = ((t > 0.5) & (t < 0.56)).double()
+    burst = (0.3 * torch.sin(2 * 3.14159 * 700 * t) * env).float().unsqueeze(0)
+    shifted = torch.nn.functional.pad(burst, (160, 0))[:, : burst.shape[1]]
+
+    def change(win: int) -> float:
+        fe = LogMel(win, 320, 16000, 40)
+        a = fe(frames_of(burst, 320, win - 320)).exp()
+        b = fe(frames_of(shifted, 320, win - 320)).exp()
+        return float((a.sum(-1) - b.sum(-1)).abs().max())  # energy envelope over time
+
+    assert change(640) < 0.7 * change(320)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_fft_power_equals_the_matmul_form(dtype):
     """The eager FFT path and the matmul form the ONNX export traces agree, relative to the
     largest bin: float32 1e-5; float64 1e-6 (the cos/sin tables are built in float32, the
     FFT is exact in float64: ~3e-8 apart)."""
-    fe = LogMel(320, 16000, 40).to(dtype)
+    fe = LogMel(320, 320, 16000, 40).to(dtype)
     frames = audio(7, 320, seed=5, dtype=dtype).reshape(7, 320)
     ref = fe.power_ref(frames)
     got = fe.power(frames)
@@ -132,7 +196,7 @@ def test_fft_power_equals_the_matmul_form(dtype):
 
 
 def test_warped_filterbank_moves_filters():
-    fe = LogMel(320, 16000, 20)
+    fe = LogMel(320, 320, 16000, 20)
     up = mel_filterbank(fe.bin_hz * 1.15, 20, fe.f_max)
     peak, peak_up = fe.fbank.argmax(0), up.argmax(0)
     assert (peak_up <= peak).all() and (peak_up < peak).any()  # same filter, lower bin
@@ -188,3 +252,23 @@ def test_bad_config_values_are_refused():
         config("mfcc", 0.0)
     with pytest.raises(ValueError, match="pool_window_s"):
         config("raw", -1.0)
+    with pytest.raises(ValueError, match="frame_window"):
+        config("logmel", 0.0, frame_window=39)  # shorter than the frame
+    with pytest.raises(ValueError, match="frame_window"):
+        DLRConfig.preset("micro-lm", frame_window=8)  # tokens have no frames
+
+
+def test_frame_window_round_trips_and_is_left_out_when_off(tmp_path):
+    """Configs without overlapping windows serialise as before (so existing checkpoints and
+    the snapshot hashes made from their configs are unchanged); with them, the checkpoint
+    keeps the window and the state gains the history."""
+    plain = config("logmel", 0.0)
+    assert "frame_window" not in plain.to_dict()
+    assert DLRConfig.from_dict(plain.to_dict()) == plain
+    cfg = config("logmel", 0.0, frame_window=80)
+    assert cfg.to_dict()["frame_window"] == 80 and (cfg.window, cfg.history) == (80, 40)
+    save_checkpoint(DLRModel(cfg, seed=0), tmp_path / "m")
+    rec = load_recurrent(tmp_path / "m")
+    assert rec.config == cfg
+    assert rec.init_state(1)["frame_hist"].shape == (1, 40)
+    assert "frame_hist" not in to_recurrent(DLRModel(plain, seed=0)).init_state(1)

@@ -11,6 +11,8 @@ Exports are made once per module (each takes a few seconds); the audio model goe
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import onnx
 import pytest
 import torch
@@ -27,6 +29,7 @@ from dlr_runtime.backends.onnx import OnnxBackend
 from dlr_runtime.export.cli import main as export_main
 from dlr_runtime.export.onnx_export import read_manifest
 from dlr_runtime.export.realmath import ClassifierChunk, LMChunk, LMStep, RealCore
+from dlr_runtime.model import frames_of
 
 # ONNX export of every graph (~1-2 min on 2 cores): full suite only
 pytestmark = pytest.mark.slow
@@ -35,6 +38,8 @@ LM_CFG = DLRConfig.preset("tiny-lm", vocab_size=20, init="omega")
 AUDIO_CFG = DLRConfig.preset(
     "tiny-speech", frame_stride=4, labels=["a", "b", "c"], shared_lambda=False, norm="rmsnorm"
 )
+# overlapping log-mel windows: each frame's 4 samples after the 6 before them (history in state)
+WINDOW_CFG = replace(AUDIO_CFG, frame_window=10, frontend="logmel", n_mels=3)
 TOL = {torch.complex64: 1e-4, torch.complex128: 1e-6}
 
 
@@ -50,11 +55,12 @@ def lm(request, lm_model, tmp_path_factory):
     return rec, be
 
 
-@pytest.fixture(scope="module")
-def audio(tmp_path_factory):
-    """Audio classifier exported through the `dlr-export onnx` command, loaded with from_dir."""
+@pytest.fixture(scope="module", params=[AUDIO_CFG, WINDOW_CFG], ids=["frame", "window"])
+def audio(request, tmp_path_factory):
+    """Audio classifier exported through the `dlr-export onnx` command, loaded with from_dir:
+    raw frames, and overlapping log-mel windows (the matmul DFT inside the graph)."""
     tmp = tmp_path_factory.mktemp("audio")
-    model = DLRModel(AUDIO_CFG, seed=2)
+    model = DLRModel(request.param, seed=2)
     save_checkpoint(model, tmp / "ckpt")
     assert export_main(["onnx", str(tmp / "ckpt"), str(tmp / "g"), "--max-chunk", "8"]) == 0
     be = OnnxBackend.from_dir(tmp / "g")
@@ -275,8 +281,9 @@ def test_classifier_chunk_twin(audio):
     _, rec, be = audio
     core = RealCore(rec, torch.float32, 8)
     state = rec.init_state(2)
-    frames = torch.randn(2, 5, 4)
-    y_ref, s_ref = rec.chunk(frames.reshape(2, 20), state)
+    x = torch.randn(2, 20)
+    frames = frames_of(x, 4, rec.config.history)  # (2, 5, W)
+    y_ref, s_ref = rec.chunk(x, state)
     y, r, i, ms, mc = ClassifierChunk(core)(
         frames, state["ssm"].real, state["ssm"].imag, state["mean_sum"], state["mean_count"]
     )

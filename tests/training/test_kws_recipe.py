@@ -26,7 +26,7 @@ pytestmark = [
 ]
 
 
-def test_kws_train_resume_and_eval(tmp_path: Path) -> None:
+def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "kws"
     argv = [
         "kws", "--out-dir", str(out), "--cache-dir", str(tmp_path / "cache"), "--tiny-corpus",
@@ -64,6 +64,21 @@ def test_kws_train_resume_and_eval(tmp_path: Path) -> None:
     point = load_checkpoint(out / "model").checkpoint_metadata["detection"]
     assert point == res["streams"]["operating_point"]
     assert res["streams"]["rule"] == "global" and point["keywords"] == {}
+    # overlapping 40 ms windows, fine-tuned from the per-frame weights (same shapes): the
+    # streamed recurrent form (history in the state) agrees with the offline forward
+    win = tmp_path / "kws-window"
+    argv_win = [a if a != str(out) else str(win) for a in argv]
+    assert main([*argv_win, "--steps", "2", "--frame-window", "640", "--init-from",
+                 str(out / "model")]) == 0  # fmt: skip
+    summary = json.loads((win / "summary.json").read_text())
+    for form in ("complex64", "complex128"):
+        assert summary["streaming"][form]["final_prediction_agreement"] == 1.0
+        assert summary["streaming"][form]["max_abs_score_diff"] < 1e-4
+    rec = load_recurrent(win / "model")
+    assert (rec.config.window, rec.config.history) == (640, 320)
+    assert rec.init_state(1)["frame_hist"].shape == (1, 320)
+    assert main([*argv_win, "--steps", "1", "--frame-window", "100"]) == 2  # < frame stride
+    assert "--frame-window must be 0 or >= --frame-stride" in capsys.readouterr().err
     # one threshold per command: chosen on valid, compared with the shared one on test
     per = tmp_path / "per-command"
     rc = eval_main(

@@ -67,6 +67,8 @@ class KWSOptions:
     frontend: str = "logmel"  # logmel | raw (the paper's raw samples)
     n_mels: int = 40  # logmel: mel bands
     frame_stride: int = 320  # samples per frame (320 = 20 ms)
+    frame_window: int = 0  # samples the front end sees per frame (0: the frame alone; 640:
+    # 40 ms Hann windows overlapping by half, dlr_runtime/frontend.py)
     pool_window_s: float = 0.3  # head window time constant (s); 0 = running mean
     window_s: float = 2.4  # training window length
     epoch_windows: int = 19200  # training windows per epoch
@@ -134,7 +136,7 @@ class WarpedFrontend:
         return self.cache[key]
 
     def features(self, frames: torch.Tensor, warps: torch.Tensor) -> torch.Tensor:
-        """Frames (B, F, S), warps (B,) -> log-mel (B, F, M)."""
+        """Frame windows (B, F, W), warps (B,) -> log-mel (B, F, M)."""
         banks = torch.stack([self.bank(float(w)) for w in warps]).to(frames)  # (B, K, M)
         return self.fe.compress(torch.bmm(self.fe.power(frames), banks))
 
@@ -167,6 +169,11 @@ class KWSRecipe(Recipe):
             raise ValueError(f"--frontend must be logmel or raw, got {opts.frontend!r}")
         if SAMPLE_RATE % opts.frame_stride:
             raise ValueError(f"--frame-stride must divide {SAMPLE_RATE}, got {opts.frame_stride}")
+        if opts.frame_window and opts.frame_window < opts.frame_stride:
+            raise ValueError(
+                f"--frame-window must be 0 or >= --frame-stride ({opts.frame_stride}), "
+                f"got {opts.frame_window}"
+            )
         if opts.morphs < 0:
             raise ValueError(f"--morphs must be >= 0, got {opts.morphs}")
         self.opts, self.model_opts = opts, model_opts
@@ -206,6 +213,7 @@ class KWSRecipe(Recipe):
             labels=list(SC12_LABELS),
             sample_rate=SAMPLE_RATE,
             frame_stride=o.frame_stride,
+            frame_window=o.frame_window,
             frontend=o.frontend,
             n_mels=o.n_mels,
             pool_window_s=o.pool_window_s,
@@ -234,7 +242,8 @@ class KWSRecipe(Recipe):
         audio, targets, warps = batch[0].to(device), batch[1].to(device), batch[2]
         core = getattr(model, "module", model)  # DDP wraps the model
         if self.warp is not None:
-            frames = frames_of(audio, core.config.frame_stride)  # (B, F, S)
+            cfg = core.config
+            frames = frames_of(audio, cfg.frame_stride, cfg.history)  # (B, F, W)
             logits = frame_logits(core, self.warp.features(frames, warps))  # (B, F, C)
         else:
             logits = model(audio)  # (B, F, C)
