@@ -1,8 +1,9 @@
 """How much a keyword model's detection score depends on where a word falls inside a frame.
 
-The shipped front end turns each 20 ms frame (320 samples) into one log-mel spectrum with no
-overlap, so the same word delayed by a fraction of a frame gives different features. This
-measures the effect on what the decision rule sees: for each espeak-ng word (commands and
+A front end that turns each 20 ms frame (320 samples) into one log-mel spectrum of that frame
+alone gives different features for the same word delayed by a fraction of a frame; overlapping
+windows (`DLRConfig.frame_window`, e.g. 40 ms of Hann every 20 ms) should give nearly the same
+ones. This measures the effect on what the decision rule sees: for each espeak-ng word (commands and
 other words, several voices) placed after 0.5 s of quiet, and delayed by 0, 20, ..., 300
 samples, the peak of the smoothed posterior (the word's own label for a command, the highest
 command for any other word) within 1 s after the word, per smoothing window.
@@ -43,8 +44,9 @@ def peaks(model, labels: list[str], word: np.ndarray, label: str | None, ks: lis
     x = np.concatenate([np.zeros(lead, np.float32), word, np.zeros(tail, np.float32)])
     batch = np.stack([np.concatenate([np.zeros(s, np.float32), x])[: x.size] for s in SHIFTS])
     post = softmax(model(torch.from_numpy(batch)).double().numpy())  # (S, T, C)
-    start = lead // 320
-    end = (lead + word.size) // 320 + 50
+    stride = model.config.frame_stride
+    start = lead // stride
+    end = (lead + word.size + RATE) // stride  # until 1 s after the word
     cmd = [labels.index(c) for c in COMMAND_WORDS]
     out = {}
     for k in ks:
