@@ -23,11 +23,13 @@ LABELS += ["_silence_", "_unknown_"]
 DETECTION = {"threshold": 0.3, "smooth_ms": 50.0, "refractory_ms": 300.0}
 
 
-def write_kws_model(root) -> None:
+def write_kws_model(root, frame_window: int = 0) -> None:
+    """The tiny model as `root / NAME`; `frame_window` 320: overlapping 20 ms log-mel windows
+    every 10 ms frame (the state keeps the samples before each frame)."""
     cfg = DLRConfig(
         d_model=16, d_state=8, n_layers=2, encoder="audio", decoder="classifier",
         labels=LABELS, frame_stride=160, frontend="logmel", n_mels=16, pool_window_s=0.5,
-        dt_min=0.01, dt_max=0.5, sample_rate=RATE,
+        dt_min=0.01, dt_max=0.5, sample_rate=RATE, frame_window=frame_window,
     )  # fmt: skip
     torch.manual_seed(0)
     m = DLRModel(cfg, seed=5)

@@ -19,10 +19,10 @@ import pytest
 import torch
 import websockets
 
-from dlr_runtime import load_recurrent
+from dlr_runtime import load_checkpoint, load_recurrent
 from dlr_runtime.backends import make_backend
 from dlr_runtime.engine import Engine
-from dlr_runtime.kws import KWSConfig
+from dlr_runtime.kws import KeywordSpotter, KWSConfig
 from dlr_runtime.listen import Listener, feed_listening
 from tests.kws_audio import DETECTION, LABELS, NAME, RATE, words, write_kws_model
 from tests.server.conftest import LiveServer, make_settings
@@ -110,6 +110,65 @@ def test_detections_match_runtime_and_chunking_does_not_matter(srv, kws_dir):
     metrics = httpx.get(srv.http + "/metrics", timeout=10).text
     for line in ('decision="computed"', 'decision="skipped"', "dlr_kws_detections_total{"):
         assert line in metrics
+
+
+def test_overlapping_windows_stream_exactly(tmp_path_factory):
+    """A model whose frames see the samples before them (history in the state, reset with the
+    state when the voice gate opens): the server's detections equal the runtime's for any
+    chunking, and a resumed stream continues them."""
+    root = tmp_path_factory.mktemp("kws-window")
+    write_kws_model(root, frame_window=320)
+    x = words()
+    data = s16(x)
+    want = offline(root, x)
+    assert len(want) >= 2, "the test model should fire on several words"
+    # without the gate, every frame is computed: the model's own offline forward (windows cut
+    # from the whole signal at once) is an independent reference for the streamed framing
+    x16 = torch.from_numpy((np.clip(x, -1, 1) * 32767).astype("<i2").astype(np.float32) / 32768)
+    model = load_checkpoint(root / NAME).eval()
+    with torch.no_grad():
+        scores = model(x16[None])[0].double().numpy()  # (frames, C)
+    spotter = KeywordSpotter(LABELS, 10.0, KWSConfig.from_dict(DETECTION))
+    ungated = [(d.label, d.end_ms, d.score) for d in spotter.run(scores)]
+    assert ungated
+    with LiveServer(make_settings(root, resume_grace_s=20.0)) as s:
+        for ms in (20, 1000):
+            seen, final = asyncio.run(stream(s.ws, data, 32 * ms))
+            assert final["type"] == "final", final
+            assert dets(seen) == want, ms
+            seen, _ = asyncio.run(stream(s.ws, data, 32 * ms + 6, vad=False))
+            got = [(m["label"], m["end_ms"], m["score"]) for m in seen if m["type"] == "detection"]
+            assert [g[:2] for g in got] == [u[:2] for u in ungated], ms
+            # scores travel rounded to 1e-6; observed 7e-7 apart. A history one sample off
+            # moves them by 4e-5 or more.
+            assert np.allclose([g[2] for g in got], [u[2] for u in ungated], atol=1e-5), ms
+        seen = asyncio.run(resumed_mid_frame(s, data))
+        assert dets(seen) == want
+        assert [m["seq"] for m in seen] == list(range(1, len(seen) + 1))
+
+
+async def resumed_mid_frame(srv: LiveServer, data: bytes) -> list[dict]:
+    """Send the first half (ending inside a frame), wait for a detection, drop the socket,
+    resume, send the rest: every message of both connections, up to the final."""
+    ws, ready = await speech_start(srv.ws, mode="continuous", interim_results=False)
+    cut = len(data) // 2 // 320 * 320 + 106  # 53 samples into a 160-sample frame
+    for i in range(0, cut, 3200):
+        await ws.send(data[i : min(i + 3200, cut)])
+    seen = []
+    while not any(m["type"] == "detection" for m in seen):
+        seen.append(await recv_json(ws))
+    drop(ws)
+    sess = srv.app.state.sessions.live[ready["session_id"]]
+    await eventually(lambda: sess.detached_since is not None)
+    ws2, again = await resume(srv.ws, SPEECH, ready, last_seq=seen[-1]["seq"])
+    assert again["bytes_received"] == cut
+    for i in range(cut, len(data), 3200):
+        await ws2.send(data[i : i + 3200])
+    await send_json(ws2, {"type": "end"})
+    while seen[-1]["type"] != "final":
+        seen.append(await recv_json(ws2))
+    await ws2.close()
+    return seen
 
 
 def test_thresholds_and_subsets_change_what_fires(srv, kws_dir):
