@@ -135,14 +135,22 @@ def test_real_twin_rejects_bad_settings(lm_model):
 
 
 # ---------------------------------------------------------------------- export
-def test_exported_graphs_pass_checker(lm, audio):
-    for be in (lm[1], audio[2]):
-        man = read_manifest(be.export_dir)
-        for g in man["graphs"].values():
-            model = onnx.load(str(be.export_dir / g))
-            onnx.checker.check_model(model, full_check=True)
-            dims = model.graph.input[0].type.tensor_type.shape.dim
-            assert dims[0].dim_param, "batch axis must be dynamic"
+def _check_graphs(be: OnnxBackend) -> None:
+    man = read_manifest(be.export_dir)
+    for g in man["graphs"].values():
+        model = onnx.load(str(be.export_dir / g))
+        onnx.checker.check_model(model, full_check=True)
+        dims = model.graph.input[0].type.tensor_type.shape.dim
+        assert dims[0].dim_param, "batch axis must be dynamic"
+
+
+# one fixture per test, so that each parametrised export is made once per module
+def test_exported_lm_graphs_pass_checker(lm):
+    _check_graphs(lm[1])
+
+
+def test_exported_audio_graphs_pass_checker(audio):
+    _check_graphs(audio[2])
 
 
 def test_export_cli_bad_checkpoint(tmp_path, capsys):
