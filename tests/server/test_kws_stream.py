@@ -132,6 +132,8 @@ def test_overlapping_windows_stream_exactly(tmp_path_factory):
     ungated = [(d.label, d.end_ms, d.score) for d in spotter.run(scores)]
     assert ungated
     with LiveServer(make_settings(root, resume_grace_s=20.0)) as s:
+        (info,) = httpx.get(s.http + "/v1/models", timeout=10).json()["data"]
+        assert (info["frame_stride"], info["frame_window"]) == (160, 320)
         for ms in (20, 1000):
             seen, final = asyncio.run(stream(s.ws, data, 32 * ms))
             assert final["type"] == "final", final
