@@ -144,20 +144,20 @@ def test_overlapping_windows_stream_exactly(tmp_path_factory):
             # scores travel rounded to 1e-6; observed 7e-7 apart. A history one sample off
             # moves them by 4e-5 or more.
             assert np.allclose([g[2] for g in got], [u[2] for u in ungated], atol=1e-5), ms
-        seen = asyncio.run(resumed_mid_frame(s, data))
+        cut = len(data) // 2 // 320 * 320 + 106  # 53 samples into a 160-sample frame
+        seen = asyncio.run(dropped_and_resumed(s, data, cut, interim_results=False))
         assert dets(seen) == want
         assert [m["seq"] for m in seen] == list(range(1, len(seen) + 1))
 
 
-async def resumed_mid_frame(srv: LiveServer, data: bytes) -> list[dict]:
-    """Send the first half (ending inside a frame), wait for a detection, drop the socket,
-    resume, send the rest: every message of both connections, up to the final."""
-    ws, ready = await speech_start(srv.ws, mode="continuous", interim_results=False)
-    cut = len(data) // 2 // 320 * 320 + 106  # 53 samples into a 160-sample frame
+async def dropped_and_resumed(srv: LiveServer, data: bytes, cut: int, **start) -> list[dict]:
+    """Send data[:cut], wait for a detection, drop the socket, resume, send the rest: every
+    message of both connections, up to the final."""
+    ws, ready = await speech_start(srv.ws, mode="continuous", **start)
     for i in range(0, cut, 3200):
         await ws.send(data[i : min(i + 3200, cut)])
     seen = []
-    while not any(m["type"] == "detection" for m in seen):
+    while not any(m["type"] == "detection" for m in seen):  # at least one before the drop
         seen.append(await recv_json(ws))
     drop(ws)
     sess = srv.app.state.sessions.live[ready["session_id"]]
@@ -313,27 +313,7 @@ def test_resume_mid_stream_loses_and_repeats_nothing(srv):
     data = s16(words())
     want = dets(asyncio.run(stream(srv.ws, data, 3200))[0])
 
-    async def main():
-        ws, ready = await speech_start(srv.ws, mode="continuous")
-        cut = len(data) // 2 // 3200 * 3200
-        for i in range(0, cut, 3200):
-            await ws.send(data[i : i + 3200])
-        seen = []
-        while not any(m["type"] == "detection" for m in seen):  # at least one before the drop
-            seen.append(await recv_json(ws))
-        drop(ws)
-        sess = srv.app.state.sessions.live[ready["session_id"]]
-        await eventually(lambda: sess.detached_since is not None)
-        ws2, again = await resume(srv.ws, SPEECH, ready, last_seq=seen[-1]["seq"])
-        for i in range(again["bytes_received"], len(data), 3200):
-            await ws2.send(data[i : i + 3200])
-        await send_json(ws2, {"type": "end"})
-        while seen[-1]["type"] != "final":
-            seen.append(await recv_json(ws2))
-        await ws2.close()
-        return seen
-
-    seen = asyncio.run(main())
+    seen = asyncio.run(dropped_and_resumed(srv, data, len(data) // 2 // 3200 * 3200))
     assert dets(seen) == want
     seqs = [m["seq"] for m in seen]
     assert seqs == list(range(1, len(seqs) + 1))  # nothing lost, nothing twice
