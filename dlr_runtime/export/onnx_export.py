@@ -18,8 +18,8 @@ frame_stride samples, plus the history before them when windows overlap), F floa
 
 The chunk's T is dynamic up to max_chunk (tables sliced in-graph, see `realmath.py`); longer
 inputs are cut into blocks by the caller. Audio graphs take whole frames' windows: the sample
-framing (and the history of overlapping windows) stays outside the graph. Exported with torch.onnx.export(dynamo=True), checked with
-onnx.checker.
+framing (and the history of overlapping windows) stays outside the graph. Exported with
+torch.onnx.export(dynamo=True), checked with onnx.checker.
 """
 
 from __future__ import annotations
