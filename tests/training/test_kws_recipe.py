@@ -68,8 +68,9 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     # streamed recurrent form (history in the state) agrees with the offline forward
     win = tmp_path / "kws-window"
     argv_win = [a if a != str(out) else str(win) for a in argv]
+    # (with SpecAugment masks: training only, the exported model is the same network)
     assert main([*argv_win, "--steps", "2", "--frame-window", "640", "--init-from",
-                 str(out / "model")]) == 0  # fmt: skip
+                 str(out / "model"), "--freq-masks", "2", "--time-masks", "2"]) == 0  # fmt: skip
     summary = json.loads((win / "summary.json").read_text())
     for form in ("complex64", "complex128"):
         assert summary["streaming"][form]["final_prediction_agreement"] == 1.0
@@ -79,6 +80,8 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     assert rec.init_state(1)["frame_hist"].shape == (1, 320)
     assert main([*argv_win, "--steps", "1", "--frame-window", "100"]) == 2  # < frame stride
     assert "--frame-window must be 0 or >= --frame-stride" in capsys.readouterr().err
+    assert main([*argv_win, "--steps", "1", "--freq-masks", "1", "--freq-mask-width", "41"]) == 2
+    assert "exceeds the 40 mel bands" in capsys.readouterr().err
     # one threshold per command: chosen on valid, compared with the shared one on test
     per = tmp_path / "per-command"
     rc = eval_main(

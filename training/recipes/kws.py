@@ -11,7 +11,9 @@ spectrum of each 20 ms frame, or ``raw`` samples as in the paper) and an exponen
 pooling head (``--pool-window-s``; 0 gives the paper's running mean). Loss: cross-entropy at
 every frame with a target (see ``sc12.py``), so the model says a word shortly after it ends and
 ``_silence_`` otherwise. The front end's mel filterbank is warped per window during training
-(vocal-tract-length perturbation); the shipped front end is unwarped.
+(vocal-tract-length perturbation), and with ``--freq-masks`` / ``--time-masks`` spans of mel
+bands and frames are masked (SpecAugment, ``training.spec_augment``); the shipped front end is
+unwarped and unmasked.
 
 Validation/selection metric: last-frame accuracy on 1.5 s clips of the valid speakers (commands,
 unknown words, word-less windows), which is what the server's utterance mode reports.
@@ -54,6 +56,7 @@ from training.data.splits import check_disjoint, split_voices
 from training.data.vocab import SC12_LABELS, unknown_words
 from training.distributed import DistContext, ShardedSampler
 from training.modelopts import ModelOptions
+from training.spec_augment import SpecAugmentConfig, spec_augment
 from training.trainer import Recipe
 
 TASK = "keyword-spotting-sc12"
@@ -79,6 +82,10 @@ class KWSOptions:
     tiny_corpus: bool = False  # a few voices and words only (tests and smoke runs)
     codecs: bool = False  # training words also through MP3 / Opus (ffmpeg; data/codecs.py)
     morphs: int = 0  # WORLD morphs (new pitch and vocal tract) per non-espeak training voice
+    freq_masks: int = 0  # SpecAugment (training/spec_augment.py): mel-band spans masked per window
+    freq_mask_width: int = 7  # each spans fewer than this many bands
+    time_masks: int = 0  # SpecAugment: frame spans masked per window
+    time_mask_width: int = 5  # each spans fewer than this many frames
 
 
 def corpus_config(opts: KWSOptions, seed: int) -> CorpusConfig:
@@ -176,6 +183,12 @@ class KWSRecipe(Recipe):
             )
         if opts.morphs < 0:
             raise ValueError(f"--morphs must be >= 0, got {opts.morphs}")
+        self.specaug = SpecAugmentConfig(
+            opts.freq_masks, opts.freq_mask_width, opts.time_masks, opts.time_mask_width
+        )
+        self.specaug.check(opts.n_mels)
+        if self.specaug.active and opts.frontend != "logmel":
+            raise ValueError("--freq-masks / --time-masks need --frontend logmel")
         self.opts, self.model_opts = opts, model_opts
         self.batch_size, self.seed = train.batch_size, train.seed
         self.num_workers = train.num_workers
@@ -241,10 +254,14 @@ class KWSRecipe(Recipe):
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[torch.Tensor, int]:
         audio, targets, warps = batch[0].to(device), batch[1].to(device), batch[2]
         core = getattr(model, "module", model)  # DDP wraps the model
-        if self.warp is not None:
+        if self.warp is not None or self.specaug.active:
             cfg = core.config
             frames = frames_of(audio, cfg.frame_stride, cfg.history)  # (B, F, W)
-            logits = frame_logits(core, self.warp.features(frames, warps))  # (B, F, C)
+            if self.warp is not None:
+                feats = self.warp.features(frames, warps)  # (B, F, M)
+            else:
+                feats = core.encoder.frontend(frames)
+            logits = frame_logits(core, spec_augment(feats, self.specaug))  # (B, F, C)
         else:
             logits = model(audio)  # (B, F, C)
         n = min(logits.shape[1], targets.shape[1])
