@@ -141,8 +141,10 @@ def card(
     loso_cmd: str,
     notes: str = "",
     notes_path: Path | None = None,
+    commands_path: Path | None = None,
 ) -> str:
     notes_arg = f" --notes {notes_path}" if notes_path else ""
+    notes_arg += f" --commands {commands_path}" if commands_path else ""
     summary = json.loads((run / "summary.json").read_text())
     header = read_header(dest)
     cfg = header["config"]
@@ -285,8 +287,7 @@ warped 0.85-1.18) in the front end.{extras_md}
 ```
 python -m training.data.corpus --cache-dir runs/sc12cache --workers 2
 {summary.get("command") or "(not recorded)"}
-{eval_cmd}
-{loso_cmd}
+{eval_cmd}{chr(10) + loso_cmd if loso_cmd else ""}
 python -m training.kws_card {run} {dest} --loso {" ".join(str(p) for p in loso)}{notes_arg}
 ```
 
@@ -367,7 +368,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         ),
     )
     p.add_argument("--notes", type=Path, default=None, help="markdown: what misses and why")
+    p.add_argument(
+        "--commands",
+        type=Path,
+        default=None,
+        help="every other command behind the card's figures, one per line "
+        "(replaces --eval-command and --loso-command)",
+    )
     args = p.parse_args(argv)
+    if args.commands:
+        args.eval_command, args.loso_command = args.commands.read_text().strip(), ""
     _copy(args.run, args.dest)
     src_eval = args.run / "model" / "eval"
     if src_eval.is_dir():
@@ -376,7 +386,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         shutil.copytree(src_eval, args.dest / "eval")
     notes = args.notes.read_text().strip() if args.notes else ""
     text = card(
-        args.run, args.dest, args.loso, args.eval_command, args.loso_command, notes, args.notes
+        args.run,
+        args.dest,
+        args.loso,
+        args.eval_command,
+        args.loso_command,
+        notes,
+        args.notes,
+        args.commands,
     )
     (args.dest / "MODEL.md").write_text(text)
     print(args.dest / "MODEL.md")

@@ -14,6 +14,7 @@ from dlr_runtime.kws import KWSConfig
 from training.cli import main
 from training.data.vocab import SC12_LABELS
 from training.eval_cli import main as eval_main
+from training.kws_card import main as card_main
 
 from .conftest import QUIET, TINY_MODEL
 
@@ -99,6 +100,20 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     n = sum(c["commands"] for c in streams["test_per_command"].values())
     assert n == streams["test_at_operating_point"]["commands"]
     assert load_checkpoint(out / "model").checkpoint_metadata["detection"] == point  # untouched
+
+    # the card: the model, its evaluation and every command behind it, from the run's records
+    notes, commands = tmp_path / "notes.md", tmp_path / "commands.txt"
+    notes.write_text("- **What was tried.** Nothing yet.\n")
+    commands.write_text("dlr-eval speech runs/x/model --stream-minutes 0   # one\nsecond line\n")
+    card_main(
+        [str(out), str(tmp_path / "card"), "--notes", str(notes), "--commands", str(commands)]
+    )
+    text = (tmp_path / "card" / "MODEL.md").read_text()
+    assert "- **What was tried.** Nothing yet." in text
+    block = text.split("## Commands")[1].split("```")[1].splitlines()
+    assert block[3:5] == ["dlr-eval speech runs/x/model --stream-minutes 0   # one", "second line"]
+    assert block[5].endswith(f"--notes {notes} --commands {commands}")
+    assert load_checkpoint(tmp_path / "card").checkpoint_metadata["detection"] == point
 
     # --init-from: a fine-tuning run starts from the trained weights (a ~zero learning rate
     # keeps them), where a fresh run of the same seed does not
