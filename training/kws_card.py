@@ -143,8 +143,8 @@ def card(
     notes_path: Path | None = None,
     commands_path: Path | None = None,
 ) -> str:
-    notes_arg = f" --notes {notes_path}" if notes_path else ""
-    notes_arg += f" --commands {commands_path}" if commands_path else ""
+    card_args = f" --notes {notes_path}" if notes_path else ""
+    card_args += f" --commands {commands_path}" if commands_path else ""
     summary = json.loads((run / "summary.json").read_text())
     header = read_header(dest)
     cfg = header["config"]
@@ -288,7 +288,7 @@ warped 0.85-1.18) in the front end.{extras_md}
 python -m training.data.corpus --cache-dir runs/sc12cache --workers 2
 {summary.get("command") or "(not recorded)"}
 {eval_cmd}{chr(10) + loso_cmd if loso_cmd else ""}
-python -m training.kws_card {run} {dest} --loso {" ".join(str(p) for p in loso)}{notes_arg}
+python -m training.kws_card {run} {dest} --loso {" ".join(str(p) for p in loso)}{card_args}
 ```
 
 ## Results on held-out voices (clips)

@@ -15,13 +15,13 @@ def _masked(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def test_inactive_config_is_the_identity() -> None:
     x = torch.randn(3, 50, 40)
     assert spec_augment(x, SpecAugmentConfig()) is x
-    assert spec_augment(x, SpecAugmentConfig(freq_masks=2, freq_width=1)) is x
+    assert spec_augment(x, SpecAugmentConfig(freq_masks=2, freq_mask_width=1)) is x
 
 
 def test_frequency_masks_are_whole_band_spans_at_the_window_mean() -> None:
     torch.manual_seed(0)
     x = torch.randn(64, 50, 40, dtype=torch.float64)
-    y = spec_augment(x, SpecAugmentConfig(freq_masks=1, freq_width=8))
+    y = spec_augment(x, SpecAugmentConfig(freq_masks=1, freq_mask_width=8))
     changed = _masked(x, y)
     bands = changed.all(dim=1)  # (B, M): a masked band is masked at every frame
     assert torch.equal(changed, bands.unsqueeze(1).expand_as(changed))
@@ -38,7 +38,7 @@ def test_frequency_masks_are_whole_band_spans_at_the_window_mean() -> None:
 def test_time_masks_cover_frames_of_every_band() -> None:
     torch.manual_seed(1)
     x = torch.randn(32, 60, 40)
-    y = spec_augment(x, SpecAugmentConfig(time_masks=2, time_width=6))
+    y = spec_augment(x, SpecAugmentConfig(time_masks=2, time_mask_width=6))
     changed = _masked(x, y)
     frames = changed.any(dim=2)  # (B, T)
     assert torch.equal(changed, frames.unsqueeze(2).expand_as(changed))
@@ -58,8 +58,8 @@ def test_seeded_masks_repeat() -> None:
 @pytest.mark.parametrize(
     ("cfg", "msg"),
     [
-        (SpecAugmentConfig(freq_masks=-1), "freq_masks must be >= 0"),
-        (SpecAugmentConfig(freq_masks=1, freq_width=41), "exceeds the 40 mel bands"),
+        (SpecAugmentConfig(freq_masks=-1), "--freq-masks must be >= 0"),
+        (SpecAugmentConfig(freq_masks=1, freq_mask_width=41), "exceeds the 40 mel bands"),
     ],
 )
 def test_bad_settings_are_refused(cfg: SpecAugmentConfig, msg: str) -> None:

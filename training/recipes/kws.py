@@ -184,7 +184,10 @@ class KWSRecipe(Recipe):
         if opts.morphs < 0:
             raise ValueError(f"--morphs must be >= 0, got {opts.morphs}")
         self.specaug = SpecAugmentConfig(
-            opts.freq_masks, opts.freq_mask_width, opts.time_masks, opts.time_mask_width
+            freq_masks=opts.freq_masks,
+            freq_mask_width=opts.freq_mask_width,
+            time_masks=opts.time_masks,
+            time_mask_width=opts.time_mask_width,
         )
         self.specaug.check(opts.n_mels)
         if self.specaug.active and opts.frontend != "logmel":
