@@ -2,9 +2,10 @@
 
     python -m training.kws_card runs/kws_final models/speech-commands \\
         --loso runs/kws_loso-espeak runs/kws_loso-flite runs/kws_loso-festival \\
-        runs/kws_loso-kokoro runs/kws_loso-piper
+        runs/kws_loso-kokoro runs/kws_loso-piper [--save-loso folds.json]
 
-Copies the checkpoint (with the operating point chosen by ``dlr-eval speech
+``--save-loso FILE`` keeps the folds' figures in a JSON file, which ``--loso-table FILE`` reads
+in place of the run directories (the card's fold table outlives the runs). Copies the checkpoint (with the operating point chosen by ``dlr-eval speech
 --write-operating-point``), the curves and the evaluation plots, and writes the card from the
 run's and the evaluations' own records (summary.json, eval/eval.json), so every number in it is
 one that was measured. Goals that are missed are listed with the size of the miss.
@@ -94,54 +95,60 @@ def _stream_table(ev: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def _loso_rows(loso: list[Path]) -> tuple[str, list[tuple[str, float]]]:
-    cols, evs = [], []
+def loso_records(loso: list[Path]) -> list[dict[str, Any]]:
+    """One record per leave-one-synthesizer-out fold run (its eval.json and summary.json): what
+    the card's table shows, so it can be kept in the repo (`--save-loso`) after the runs go."""
+    out = []
     for run in loso:
         ev = json.loads((run / "model" / "eval" / "eval.json").read_text())
         summ = json.loads((run / "summary.json").read_text())
-        cols.append(ev["split"].removeprefix("loso-"))
-        evs.append((ev, summ))
+        out.append(
+            {
+                "run": run.name,
+                "engine": ev["split"].removeprefix("loso-"),
+                "clean_commands": ev["clean"]["command_accuracy"],
+                "augmented_commands": ev["augmented"]["command_accuracy"],
+                "unknown_accepted": ev["clean"]["unknown_accepted"],
+                "silence_accepted": ev["silence"]["accepted_argmax"],
+                "steps": summ["steps"],
+                "train_minutes": summ["train_time_s"] / 60,
+                "test_voices": len(ev["test_voices"]),
+            }
+        )
+    return out
+
+
+def _loso_rows(records: list[dict[str, Any]]) -> tuple[str, list[tuple[str, float]]]:
+    cols = [r["engine"] for r in records]
     head = "| | " + " | ".join(f"train without **{c}**, test on {c}" for c in cols) + " |"
     lines = [head, "|---" * (len(cols) + 1) + "|"]
-    lines.append(
-        "| commands, clean clips | "
-        + " | ".join(_pct(e["clean"]["command_accuracy"]) for e, _ in evs)
-        + " |"
-    )
-    lines.append(
-        "| commands, augmented clips | "
-        + " | ".join(_pct(e["augmented"]["command_accuracy"]) for e, _ in evs)
-        + " |"
-    )
-    lines.append(
-        "| unknown accepted (clean) | "
-        + " | ".join(_pct(e["clean"]["unknown_accepted"]) for e, _ in evs)
-        + " |"
-    )
-    lines.append(
-        "| silence accepted | "
-        + " | ".join(_pct(e["silence"]["accepted_argmax"]) for e, _ in evs)
-        + " |"
-    )
+    rows = [
+        ("commands, clean clips", "clean_commands"),
+        ("commands, augmented clips", "augmented_commands"),
+        ("unknown accepted (clean)", "unknown_accepted"),
+        ("silence accepted", "silence_accepted"),
+    ]
+    for title, key in rows:
+        lines.append(f"| {title} | " + " | ".join(_pct(r[key]) for r in records) + " |")
     lines.append(
         "| training steps (minutes) | "
-        + " | ".join(f"{s['steps']} ({s['train_time_s'] / 60:.0f})" for _, s in evs)
+        + " | ".join(f"{r['steps']} ({r['train_minutes']:.0f})" for r in records)
         + " |"
     )
-    lines.append("| test voices | " + " | ".join(str(len(e["test_voices"])) for e, _ in evs) + " |")
-    worst = [(c, e["clean"]["command_accuracy"]) for c, (e, _) in zip(cols, evs, strict=True)]
-    return "\n".join(lines), worst
+    lines.append("| test voices | " + " | ".join(str(r["test_voices"]) for r in records) + " |")
+    return "\n".join(lines), [(r["engine"], r["clean_commands"]) for r in records]
 
 
 def card(
     run: Path,
     dest: Path,
-    loso: list[Path],
+    loso: list[dict[str, Any]],
     eval_cmd: str,
     loso_cmd: str,
     notes: str = "",
     notes_path: Path | None = None,
     commands_path: Path | None = None,
+    loso_args: str = "",
 ) -> str:
     card_args = f" --notes {notes_path}" if notes_path else ""
     card_args += f" --commands {commands_path}" if commands_path else ""
@@ -168,6 +175,10 @@ def card(
         )
     sizes = summary["sizes"]
     kws_opts = summary["recipe_options"]["kws"]
+    runs_opts = [i["recipe_options"]["kws"] for i in summary.get("soup", {}).get("ingredients", [])]
+    runs_opts = runs_opts or [kws_opts]
+    morphs = sorted({o.get("morphs", 0) for o in runs_opts} - {0})
+    masked = [o for o in runs_opts if o.get("freq_masks") or o.get("time_masks")]
     extras = []
     if kws_opts.get("codecs"):
         extras.append(
@@ -175,11 +186,20 @@ def card(
             "(24-48 kbit/s) or Opus (8-24 kbit/s) round trip; a word comes from that copy with "
             f"probability {RoomConfig().codec_prob}."
         )
-    if kws_opts.get("morphs"):
+    if morphs:
         extras.append(
-            f"Morphs (`training/data/morph.py`): {kws_opts['morphs']} WORLD re-syntheses of each "
-            "non-espeak training voice at a new pitch and vocal-tract length (counted in the "
-            f"train row above); a word comes from a morph with probability {WindowConfig().p_morph}."
+            f"Morphs (`training/data/morph.py`): {' or '.join(map(str, morphs))} WORLD "
+            "re-syntheses of each non-espeak training voice at a new pitch and vocal-tract "
+            f"length{' (per ingredient run)' if len(morphs) > 1 else ''}; a word comes from a "
+            f"morph with probability {WindowConfig().p_morph}."
+        )
+    if masked:
+        o = masked[0]
+        extras.append(
+            f"SpecAugment (`training/spec_augment.py`){' in ' + str(len(masked)) + ' of the ' + str(len(runs_opts)) + ' runs averaged' if len(runs_opts) > 1 else ''}: "
+            f"{o['freq_masks']} mel-band span(s) of fewer than {o['freq_mask_width']} bands and "
+            f"{o['time_masks']} frame span(s) of fewer than {o['time_mask_width']} frames masked "
+            "in every training window."
         )
     extras_md = ("\n\n" + "\n\n".join(extras)) if extras else ""
     s64, s128 = summary["streaming"]["complex64"], summary["streaming"]["complex128"]
@@ -288,7 +308,7 @@ warped 0.85-1.18) in the front end.{extras_md}
 python -m training.data.corpus --cache-dir runs/sc12cache --workers 2
 {summary.get("command") or "(not recorded)"}
 {eval_cmd}{chr(10) + loso_cmd if loso_cmd else ""}
-python -m training.kws_card {run} {dest} --loso {" ".join(str(p) for p in loso)}{card_args}
+python -m training.kws_card {run} {dest}{loso_args}{card_args}
 ```
 
 ## Results on held-out voices (clips)
@@ -313,7 +333,7 @@ Confusion matrix (augmented test clips + word-less windows): `eval/confusion.png
 
 ## Leave one synthesizer out
 
-Short runs of the same architecture and recipe ({"; ".join(f"{p.name}" for p in loso)}), each
+Short runs of the same architecture and recipe ({"; ".join(r["run"] for r in loso)}), each
 trained without one engine *and* without every speaker that engine shares (festival kal/slt
 when flite is held out, flite kal/kal16/slt when festival is held out), tested on all voices of
 that engine (for festival: its English and its accented voices; for kokoro: its five voices and
@@ -352,7 +372,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run", type=Path)
     p.add_argument("dest", type=Path)
-    p.add_argument("--loso", nargs="*", type=Path, default=[])
+    p.add_argument("--loso", nargs="*", type=Path, default=[], help="fold run directories")
+    p.add_argument(
+        "--loso-table",
+        type=Path,
+        default=None,
+        help="the folds' records (JSON, written by --save-loso) instead of --loso run directories",
+    )
+    p.add_argument("--save-loso", type=Path, default=None, help="write the --loso records here")
     p.add_argument(
         "--eval-command", default="dlr-eval speech runs/kws_final/model --write-operating-point"
     )
@@ -376,6 +403,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         "(replaces --eval-command and --loso-command)",
     )
     args = p.parse_args(argv)
+    if args.loso and args.loso_table:
+        p.error("give --loso run directories or --loso-table, not both")
+    if args.loso_table:
+        loso = json.loads(args.loso_table.read_text())["folds"]
+        loso_args = f" --loso-table {args.loso_table}"
+    else:
+        loso = loso_records(args.loso)
+        loso_args = (" --loso " + " ".join(map(str, args.loso))) if args.loso else ""
+    if args.save_loso:
+        args.save_loso.write_text(json.dumps({"folds": loso}, indent=1) + "\n")
     if args.commands:
         args.eval_command, args.loso_command = args.commands.read_text().strip(), ""
     _copy(args.run, args.dest)
@@ -388,12 +425,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     text = card(
         args.run,
         args.dest,
-        args.loso,
+        loso,
         args.eval_command,
         args.loso_command,
         notes,
         args.notes,
         args.commands,
+        loso_args,
     )
     (args.dest / "MODEL.md").write_text(text)
     print(args.dest / "MODEL.md")

@@ -36,7 +36,33 @@ def _config_table(header: dict[str, Any]) -> str:
     return "| field | value |\n|---|---|\n" + "\n".join(rows)
 
 
+def _soup_section(summary: dict[str, Any]) -> str:
+    """The training section of a weight average (`training.soup`)."""
+    soup = summary["soup"]
+    rows = "\n".join(
+        f"| `{Path(i['run']).name}` | {i['steps']} | {i['train_time_s'] / 60:.1f} min | `{i['command']}` |"
+        for i in soup["ingredients"]
+    )
+    start = " (averaged in too, as one more member)" if soup.get("with_start") else ""
+    return f"""## Training
+
+- A weight average ("model soup", `training/soup.py`): the mean of the weights of
+  {len(soup["ingredients"])} runs, each fine-tuned from `{soup["init_from"]}`{start}, whose own steps and
+  time are not counted below. Scores, curves and the operating point are the average's own.
+- Ingredients:
+
+  | run | steps | time | command |
+  |---|---:|---:|---|
+{chr(10).join("  " + r for r in rows.splitlines())}
+
+- Learning curves of the ingredients, with the average's held-out score: `curves.png`;
+  their held-out metrics: `metrics.csv`.
+"""
+
+
 def _training_section(summary: dict[str, Any], run: Path) -> str:
+    if "soup" in summary:
+        return _soup_section(summary)
     hw = summary["hardware"]
     t = summary["train"]
     minutes = summary["train_time_s"] / 60

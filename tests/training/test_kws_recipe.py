@@ -15,6 +15,7 @@ from training.cli import main
 from training.data.vocab import SC12_LABELS
 from training.eval_cli import main as eval_main
 from training.kws_card import main as card_main
+from training.soup import main as soup_main
 
 from .conftest import QUIET, TINY_MODEL
 
@@ -25,6 +26,15 @@ pytestmark = [
         reason="needs espeak-ng and flite",
     ),
 ]
+
+
+def quick_eval(model: Path, cache: Path, clips: int, silence: int) -> int:
+    """`dlr-eval speech` on a few clips and half a minute of streams, writing the point."""
+    return eval_main(
+        ["speech", str(model), "--cache-dir", str(cache), "--max-clips", str(clips),
+         "--silence-clips", str(silence), "--stream-minutes", "0.5", "--valid-stream-minutes",
+         "0.5", "--stream-piece-minutes", "0.5", "--write-operating-point"]
+    )  # fmt: skip
 
 
 def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -51,12 +61,7 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     rec = load_recurrent(out / "model")
     y, _ = rec.chunk(torch.zeros(1, 16000), rec.init_state(1))
     assert y.shape == (1, 16000 // cfg.frame_stride, len(SC12_LABELS))
-    rc = eval_main(
-        ["speech", str(out / "model"), "--cache-dir", str(tmp_path / "cache"), "--max-clips", "20",
-         "--silence-clips", "8", "--stream-minutes", "0.5", "--valid-stream-minutes", "0.5",
-         "--stream-piece-minutes", "0.5", "--write-operating-point"]
-    )  # fmt: skip
-    assert rc == 0
+    assert quick_eval(out / "model", tmp_path / "cache", clips=20, silence=8) == 0
     res = json.loads((out / "model" / "eval" / "eval.json").read_text())
     assert {"clean", "augmented", "silence", "streams", "confusion"} <= set(res)
     assert set(res["clean"]["per_engine"]) <= {"espeak", "flite"}
@@ -127,3 +132,33 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main([*argv_t, *still]) == 0
     fresh = load_checkpoint(tuned / "model").state_dict()
     assert not all(torch.allclose(src[k], fresh[k], atol=1e-6) for k in src)
+
+    # a weight average of two fine-tunes (training.soup): the recipe's results recomputed on
+    # it (streaming exactness included), and a card whose training section names the runs
+    fts = [tmp_path / "ft1", tmp_path / "ft2"]
+    for ft, extra in zip(fts, (["--morphs", "0"], ["--freq-masks", "1"]), strict=True):
+        argv_ft = [a if a != str(out) else str(ft) for a in argv]
+        assert main([*argv_ft, "--steps", "2", "--init-from", str(out / "model"), *extra]) == 0
+    soup = tmp_path / "soup"
+    soup_main([*map(str, fts), "--out", str(soup)])
+    summary = json.loads((soup / "summary.json").read_text())
+    for form in ("complex64", "complex128"):
+        assert summary["streaming"][form]["final_prediction_agreement"] == 1.0
+    assert summary["sizes"]["valid"]["clips"] > 0 and 0 <= summary["valid"]["accuracy"] <= 1
+    assert quick_eval(soup / "model", tmp_path / "cache", clips=8, silence=4) == 0
+    folds = tmp_path / "folds.json"
+    card_main(
+        [str(soup), str(tmp_path / "soup-card"), "--loso", str(out), "--save-loso", str(folds)]
+    )
+    text = (tmp_path / "soup-card" / "MODEL.md").read_text()
+    assert "model soup" in text and "`ft1`" in text and "`ft2`" in text
+    assert "SpecAugment (`training/spec_augment.py`) in 1 of the 2 runs averaged" in text
+    # the fold table from its saved records equals the one from the run directories
+    card_main([str(soup), str(tmp_path / "soup-card-2"), "--loso-table", str(folds)])
+    text2 = (tmp_path / "soup-card-2" / "MODEL.md").read_text()
+
+    def fold_table(t: str) -> str:
+        return t.split("## Leave one synthesizer out")[1].split("## Continuous streams")[0]
+
+    assert fold_table(text2) == fold_table(text) and "train without **final**" in text
+    assert f"--loso-table {folds}" in text2
