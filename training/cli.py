@@ -14,6 +14,7 @@ The command line is built by tyro from those dataclasses: their field comments a
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import importlib
 import json
@@ -121,6 +122,43 @@ RECIPES: dict[str, RecipeSpec] = {
         {"d_model": 64, "d_state": 128, "n_layers": 2},
     ),
 }
+
+
+def tool_parser(doc: str) -> argparse.ArgumentParser:
+    """The parser of a `python -m training.<tool>`: the first line of `doc` as its
+    description, and `--threads` (read by `parse_tool_args`)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    return p
+
+
+def parse_tool_args(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse `argv` and apply `--threads`."""
+    args = p.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    return args
+
+
+def tool_command(module: str, argv: Sequence[str] | None) -> str:
+    """The command line of `python -m module` run with `argv` (None: this process's), quoted,
+    for a run's records."""
+    return shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
+
+
+def recipe_from_summary(summary: dict[str, Any]) -> tuple[Any, TrainConfig]:
+    """(recipe, train config) of a finished run, rebuilt from the options its summary.json
+    recorded (`Recipe.describe` and the run's TrainConfig); call `setup` before using it."""
+    name = summary["recipe"]
+    spec = RECIPES[name]
+    module = importlib.import_module(spec.module)
+    options = summary["recipe_options"]
+    opts = getattr(module, spec.options)(**options[name])
+    train = TrainConfig.from_dict(summary["train"])
+    recipe = getattr(module, spec.recipe)(opts, ModelOptions(**options["model"]), train)
+    return recipe, train
 
 
 @dataclasses.dataclass

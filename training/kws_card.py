@@ -201,6 +201,16 @@ def card(
             f"{o['time_masks']} frame span(s) of fewer than {o['time_mask_width']} frames masked "
             "in every training window."
         )
+    cal = summary.get("calibration")
+    if cal:
+        before, chosen = cal["before"], cal["chosen"]
+        extras.append(
+            f"Rejection calibration (`training/kws_calibrate.py`): {chosen['unknown_bias']:g} added "
+            "to the `_unknown_` logit, the smallest bias whose valid clips accept at most "
+            f"{_pct(cal['false_accept_target'])} of the non-command clips as a command "
+            f"(valid: {_pct(before['false_accept'])} -> {_pct(chosen['false_accept'])} accepted, "
+            f"commands {_pct(before['command_accuracy'])} -> {_pct(chosen['command_accuracy'])})."
+        )
     extras_md = ("\n\n" + "\n\n".join(extras)) if extras else ""
     s64, s128 = summary["streaming"]["complex64"], summary["streaming"]["complex128"]
     worst_engine = min(ev["clean"]["per_engine"].items(), key=lambda kv: kv[1]["command_accuracy"])

@@ -29,11 +29,7 @@ ingredients' held-out curves, with the soup's held-out score as a line).
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import json
-import shlex
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,12 +38,10 @@ from typing import Any
 import torch
 
 from dlr_runtime import CheckpointError, DLRModel, load_checkpoint, read_header
-from training.cli import RECIPES
-from training.config import TrainConfig
+from training.cli import parse_tool_args, recipe_from_summary, tool_command, tool_parser
 from training.distributed import DistContext
 from training.metrics import write_csv
-from training.modelopts import ModelOptions
-from training.trainer import MODEL_DIR, Recipe, hardware
+from training.trainer import MODEL_DIR, hardware
 
 
 class SoupError(ValueError):
@@ -169,19 +163,6 @@ def soup_model(items: Sequence[Ingredient], with_start: bool = False) -> DLRMode
     return soup.eval()
 
 
-def build_recipe(summary: dict[str, Any]) -> tuple[Recipe, TrainConfig]:
-    """The recipe of a run, rebuilt from the options its summary recorded."""
-    name = summary["recipe"]
-    spec = RECIPES[name]
-    module = importlib.import_module(spec.module)
-    options = summary["recipe_options"]
-    opts = getattr(module, spec.options)(**options[name])
-    model_opts = ModelOptions(**options["model"])
-    train = TrainConfig.from_dict(summary["train"])
-    recipe = getattr(module, spec.recipe)(opts, model_opts, train)
-    return recipe, train
-
-
 def make_soup(
     runs: Sequence[Path], out: Path, command: str = "", with_start: bool = False
 ) -> dict[str, Any]:
@@ -190,7 +171,7 @@ def make_soup(
     items = [read_ingredient(Path(r)) for r in runs]
     check_ingredients(items, with_start)
     model = soup_model(items, with_start)
-    recipe, train = build_recipe(items[0].summary)
+    recipe, train = recipe_from_summary(items[0].summary)
     torch.manual_seed(train.seed)
     recipe.setup(DistContext())
     out.mkdir(parents=True, exist_ok=True)
@@ -253,7 +234,7 @@ def _write_curves(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = tool_parser(__doc__)
     p.add_argument("runs", nargs="+", type=Path, help="dlr-train run directories")
     p.add_argument("--out", type=Path, required=True, help="the soup's run directory")
     p.add_argument(
@@ -261,12 +242,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="store_true",
         help="also average in the weights the runs started from (their --init-from directory)",
     )
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    argv_list = sys.argv[1:] if argv is None else list(argv)
-    command = "python -m training.soup " + " ".join(shlex.quote(a) for a in argv_list)
+    args = parse_tool_args(p, argv)
+    command = tool_command("training.soup", argv)
     try:
         summary = make_soup(args.runs, args.out, command, args.with_start)
     except SoupError as e:

@@ -12,8 +12,10 @@ import torch
 from dlr_runtime import load_checkpoint, load_recurrent
 from dlr_runtime.kws import KWSConfig
 from training.cli import main
+from training.data.sc12 import UNK
 from training.data.vocab import SC12_LABELS
 from training.eval_cli import main as eval_main
+from training.kws_calibrate import main as calibrate_main
 from training.kws_card import main as card_main
 from training.soup import main as soup_main
 
@@ -162,3 +164,21 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
 
     assert fold_table(text2) == fold_table(text) and "train without **final**" in text
     assert f"--loso-table {folds}" in text2
+
+    # rejection calibration of the average: the chosen bias is on the _unknown_ logit only,
+    # the recipe's results (streaming exactness included) are the calibrated model's
+    cal = tmp_path / "soup-cal"
+    calibrate_main([str(soup), "--false-accept", "0.5", "--out", str(cal)])
+    summary = json.loads((cal / "summary.json").read_text())
+    chosen = summary["calibration"]["chosen"]
+    assert chosen["false_accept"] <= 0.5 and summary["command"].endswith(f"--out {cal}")
+    for form in ("complex64", "complex128"):
+        assert summary["streaming"][form]["final_prediction_agreement"] == 1.0
+    src = load_checkpoint(soup / "model").state_dict()
+    got = load_checkpoint(cal / "model").state_dict()
+    bias = got["head.proj.bias"] - src["head.proj.bias"]
+    assert torch.allclose(bias[UNK], torch.tensor(chosen["unknown_bias"]), atol=1e-6)
+    assert torch.equal(bias[:UNK], torch.zeros(UNK))
+    assert all(torch.equal(src[k], got[k]) for k in src if k != "head.proj.bias")
+    with pytest.raises(SystemExit):
+        calibrate_main([str(soup), "--false-accept", "1.5", "--out", str(tmp_path / "x")])
