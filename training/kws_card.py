@@ -5,7 +5,9 @@
         runs/kws_loso-kokoro runs/kws_loso-piper [--save-loso folds.json]
 
 ``--save-loso FILE`` keeps the folds' figures in a JSON file, which ``--loso-table FILE`` reads
-in place of the run directories (the card's fold table outlives the runs). Copies the checkpoint (with the operating point chosen by ``dlr-eval speech
+in place of the run directories, so the card's fold table outlives the runs.
+
+Copies the checkpoint (with the operating point chosen by ``dlr-eval speech
 --write-operating-point``), the curves and the evaluation plots, and writes the card from the
 run's and the evaluations' own records (summary.json, eval/eval.json), so every number in it is
 one that was measured. Goals that are missed are listed with the size of the miss.
@@ -17,6 +19,7 @@ import argparse
 import json
 import shutil
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -95,54 +98,79 @@ def _stream_table(ev: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def loso_records(loso: list[Path]) -> list[dict[str, Any]]:
-    """One record per leave-one-synthesizer-out fold run (its eval.json and summary.json): what
-    the card's table shows, so it can be kept in the repo (`--save-loso`) after the runs go."""
+@dataclass(frozen=True)
+class FoldRecord:
+    """What the card shows of one leave-one-synthesizer-out fold run."""
+
+    run: str  # the fold's run directory name
+    engine: str  # the engine held out
+    clean_commands: float  # its commands on clean clips given their label
+    augmented_commands: float
+    unknown_accepted: float  # its clean unknown-word clips called a command
+    silence_accepted: float  # word-less windows called a command
+    steps: int
+    train_minutes: float
+    test_voices: int
+
+
+def loso_records(loso: list[Path]) -> list[FoldRecord]:
+    """One record per fold run directory (its eval.json and summary.json)."""
     out = []
     for run in loso:
         ev = json.loads((run / "model" / "eval" / "eval.json").read_text())
         summ = json.loads((run / "summary.json").read_text())
         out.append(
-            {
-                "run": run.name,
-                "engine": ev["split"].removeprefix("loso-"),
-                "clean_commands": ev["clean"]["command_accuracy"],
-                "augmented_commands": ev["augmented"]["command_accuracy"],
-                "unknown_accepted": ev["clean"]["unknown_accepted"],
-                "silence_accepted": ev["silence"]["accepted_argmax"],
-                "steps": summ["steps"],
-                "train_minutes": summ["train_time_s"] / 60,
-                "test_voices": len(ev["test_voices"]),
-            }
+            FoldRecord(
+                run=run.name,
+                engine=ev["split"].removeprefix("loso-"),
+                clean_commands=ev["clean"]["command_accuracy"],
+                augmented_commands=ev["augmented"]["command_accuracy"],
+                unknown_accepted=ev["clean"]["unknown_accepted"],
+                silence_accepted=ev["silence"]["accepted_argmax"],
+                steps=summ["steps"],
+                train_minutes=summ["train_time_s"] / 60,
+                test_voices=len(ev["test_voices"]),
+            )
         )
     return out
 
 
-def _loso_rows(records: list[dict[str, Any]]) -> tuple[str, list[tuple[str, float]]]:
-    cols = [r["engine"] for r in records]
-    head = "| | " + " | ".join(f"train without **{c}**, test on {c}" for c in cols) + " |"
-    lines = [head, "|---" * (len(cols) + 1) + "|"]
-    rows = [
-        ("commands, clean clips", "clean_commands"),
-        ("commands, augmented clips", "augmented_commands"),
-        ("unknown accepted (clean)", "unknown_accepted"),
-        ("silence accepted", "silence_accepted"),
-    ]
-    for title, key in rows:
-        lines.append(f"| {title} | " + " | ".join(_pct(r[key]) for r in records) + " |")
-    lines.append(
-        "| training steps (minutes) | "
-        + " | ".join(f"{r['steps']} ({r['train_minutes']:.0f})" for r in records)
+def save_folds(records: list[FoldRecord], path: Path) -> None:
+    path.write_text(json.dumps({"folds": [asdict(r) for r in records]}, indent=1) + "\n")
+
+
+def load_folds(path: Path) -> list[FoldRecord]:
+    return [FoldRecord(**f) for f in json.loads(path.read_text())["folds"]]
+
+
+def _loso_rows(records: list[FoldRecord]) -> tuple[str, list[tuple[str, float]]]:
+    head = (
+        "| | "
+        + " | ".join(f"train without **{r.engine}**, test on {r.engine}" for r in records)
         + " |"
     )
-    lines.append("| test voices | " + " | ".join(str(r["test_voices"]) for r in records) + " |")
-    return "\n".join(lines), [(r["engine"], r["clean_commands"]) for r in records]
+    lines = [head, "|---" * (len(records) + 1) + "|"]
+    rows = [
+        ("commands, clean clips", [r.clean_commands for r in records]),
+        ("commands, augmented clips", [r.augmented_commands for r in records]),
+        ("unknown accepted (clean)", [r.unknown_accepted for r in records]),
+        ("silence accepted", [r.silence_accepted for r in records]),
+    ]
+    for title, values in rows:
+        lines.append(f"| {title} | " + " | ".join(_pct(v) for v in values) + " |")
+    lines.append(
+        "| training steps (minutes) | "
+        + " | ".join(f"{r.steps} ({r.train_minutes:.0f})" for r in records)
+        + " |"
+    )
+    lines.append("| test voices | " + " | ".join(str(r.test_voices) for r in records) + " |")
+    return "\n".join(lines), [(r.engine, r.clean_commands) for r in records]
 
 
 def card(
     run: Path,
     dest: Path,
-    loso: list[dict[str, Any]],
+    loso: list[FoldRecord],
     eval_cmd: str,
     loso_cmd: str,
     notes: str = "",
@@ -195,8 +223,11 @@ def card(
         )
     if masked:
         o = masked[0]
+        share = (
+            f" in {len(masked)} of the {len(runs_opts)} runs averaged" if len(runs_opts) > 1 else ""
+        )
         extras.append(
-            f"SpecAugment (`training/spec_augment.py`){' in ' + str(len(masked)) + ' of the ' + str(len(runs_opts)) + ' runs averaged' if len(runs_opts) > 1 else ''}: "
+            f"SpecAugment (`training/spec_augment.py`){share}: "
             f"{o['freq_masks']} mel-band span(s) of fewer than {o['freq_mask_width']} bands and "
             f"{o['time_masks']} frame span(s) of fewer than {o['time_mask_width']} frames masked "
             "in every training window."
@@ -343,7 +374,7 @@ Confusion matrix (augmented test clips + word-less windows): `eval/confusion.png
 
 ## Leave one synthesizer out
 
-Short runs of the same architecture and recipe ({"; ".join(r["run"] for r in loso)}), each
+Short runs of the same architecture and recipe ({"; ".join(r.run for r in loso)}), each
 trained without one engine *and* without every speaker that engine shares (festival kal/slt
 when flite is held out, flite kal/kal16/slt when festival is held out), tested on all voices of
 that engine (for festival: its English and its accented voices; for kokoro: its five voices and
@@ -416,13 +447,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.loso and args.loso_table:
         p.error("give --loso run directories or --loso-table, not both")
     if args.loso_table:
-        loso = json.loads(args.loso_table.read_text())["folds"]
+        loso = load_folds(args.loso_table)
         loso_args = f" --loso-table {args.loso_table}"
     else:
         loso = loso_records(args.loso)
         loso_args = (" --loso " + " ".join(map(str, args.loso))) if args.loso else ""
     if args.save_loso:
-        args.save_loso.write_text(json.dumps({"folds": loso}, indent=1) + "\n")
+        save_folds(loso, args.save_loso)
     if args.commands:
         args.eval_command, args.loso_command = args.commands.read_text().strip(), ""
     _copy(args.run, args.dest)
