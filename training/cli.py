@@ -148,9 +148,14 @@ def tool_command(module: str, argv: Sequence[str] | None) -> str:
     return shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
 
 
-def recipe_from_summary(summary: dict[str, Any]) -> tuple[Any, TrainConfig]:
-    """(recipe, train config) of a finished run, rebuilt from the options its summary.json
-    recorded (`Recipe.describe` and the run's TrainConfig); call `setup` before using it."""
+def recipe_from_summary(summary: dict[str, Any]) -> Any:
+    """The recipe of a finished run, rebuilt from the options its summary.json recorded
+    (`Recipe.describe` and the run's TrainConfig) and set up (data loaded, seeded as the
+    run was) on one CPU process: ready for `evaluate`, `finish` and `save_model`."""
+    import torch
+
+    from training.distributed import DistContext
+
     name = summary["recipe"]
     spec = RECIPES[name]
     module = importlib.import_module(spec.module)
@@ -158,7 +163,9 @@ def recipe_from_summary(summary: dict[str, Any]) -> tuple[Any, TrainConfig]:
     opts = getattr(module, spec.options)(**options[name])
     train = TrainConfig.from_dict(summary["train"])
     recipe = getattr(module, spec.recipe)(opts, ModelOptions(**options["model"]), train)
-    return recipe, train
+    torch.manual_seed(train.seed)
+    recipe.setup(DistContext())
+    return recipe
 
 
 @dataclasses.dataclass

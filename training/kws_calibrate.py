@@ -32,7 +32,6 @@ import torch
 from dlr_runtime import DLRModel, load_checkpoint
 from training.cli import parse_tool_args, recipe_from_summary, tool_command, tool_parser
 from training.data.sc12 import SIL, UNK
-from training.distributed import DistContext
 from training.recipes.kws import last_frame_scores
 from training.trainer import MODEL_DIR
 
@@ -95,9 +94,7 @@ def calibrate(run: Path, out: Path, target: float, command: str = "") -> dict[st
     model = load_checkpoint(run / MODEL_DIR)
     if not isinstance(model, DLRModel):
         raise ValueError(f"{run / MODEL_DIR} is not a training-form checkpoint")
-    recipe, train = recipe_from_summary(summary)
-    torch.manual_seed(train.seed)
-    recipe.setup(DistContext())
+    recipe = recipe_from_summary(summary)
     scores = last_frame_scores(model, recipe.valid_audio)  # (N, C)
     points = sweep(scores, recipe.valid_labels, BIASES)
     chosen = choose(points, target)

@@ -40,7 +40,8 @@ def _soup_section(summary: dict[str, Any]) -> str:
     """The training section of a weight average (`training.soup`)."""
     soup = summary["soup"]
     rows = "\n".join(
-        f"| `{Path(i['run']).name}` | {i['steps']} | {i['train_time_s'] / 60:.1f} min | `{i['command']}` |"
+        f"  | `{Path(i['run']).name}` | {i['steps']} | {i['train_time_s'] / 60:.1f} min "
+        f"| `{i['command']}` |"
         for i in soup["ingredients"]
     )
     start = " (averaged in too, as one more member)" if soup.get("with_start") else ""
@@ -53,7 +54,7 @@ def _soup_section(summary: dict[str, Any]) -> str:
 
   | run | steps | time | command |
   |---|---:|---:|---|
-{chr(10).join("  " + r for r in rows.splitlines())}
+{rows}
 
 - Learning curves of the ingredients, with the average's held-out score: `curves.png`;
   their held-out metrics: `metrics.csv`.

@@ -39,7 +39,6 @@ import torch
 
 from dlr_runtime import CheckpointError, DLRModel, load_checkpoint, read_header
 from training.cli import parse_tool_args, recipe_from_summary, tool_command, tool_parser
-from training.distributed import DistContext
 from training.metrics import write_csv
 from training.trainer import MODEL_DIR, hardware
 
@@ -171,9 +170,7 @@ def make_soup(
     items = [read_ingredient(Path(r)) for r in runs]
     check_ingredients(items, with_start)
     model = soup_model(items, with_start)
-    recipe, train = recipe_from_summary(items[0].summary)
-    torch.manual_seed(train.seed)
-    recipe.setup(DistContext())
+    recipe = recipe_from_summary(items[0].summary)
     out.mkdir(parents=True, exist_ok=True)
     results = recipe.finish(model, torch.device("cpu"), out)
     first = items[0].summary

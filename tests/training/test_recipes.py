@@ -13,15 +13,7 @@ from training.cli import main
 from training.data.labels import SC10_LABELS
 from training.plain_checkpoint import read_plain_header
 
-from .conftest import QUIET, TINY_MODEL
-
-# a few steps of a tiny LM on the `text_dir` corpus
-TINY_LM = [
-    *("--steps", "4", "--steps-per-epoch", "2", "--seq-len", "16", "--batch-size", "4"),
-    *("--eval-tokens", "64", "--valid-fraction", "0.34", "--sample-bytes", "8", "--warmup", "1"),
-    *TINY_MODEL,
-    *QUIET,
-]
+from .conftest import QUIET, TINY_LM, TINY_MODEL
 
 
 def _run_files(out: Path) -> None:

@@ -15,7 +15,7 @@ from training.cli import main as train_main
 from training.soup import SoupError, average_state, check_ingredients, read_ingredient
 from training.soup import main as soup_main
 
-from .test_recipes import TINY_LM
+from .conftest import TINY_LM, write_corpus
 
 
 def test_average_state_is_the_mean_in_float64() -> None:
@@ -34,11 +34,7 @@ def test_average_state_is_the_mean_in_float64() -> None:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A base LM run, two fine-tunes of it (different learning rates) and a run from scratch."""
     root = tmp_path_factory.mktemp("soup")
-    text = root / "corpus"
-    text.mkdir()
-    line = "Now is the winter of our discontent made glorious summer by this sun of York.\n"
-    for i in range(3):
-        (text / f"doc{i}.txt").write_text(f"DOC {i}\n" + line * (8 + i))
+    text = write_corpus(root / "corpus")
     base = ["lm", "--text", str(text), "--arch", "dlr", *TINY_LM]
     out = {name: root / name for name in ("base", "ft_a", "ft_b", "other")}
     assert train_main([*base, "--out-dir", str(out["base"])]) == 0
