@@ -86,7 +86,13 @@ def read_ingredient(run: Path) -> Ingredient:
         header = read_header(run / MODEL_DIR)
     except CheckpointError as e:
         raise SoupError(f"{run}: {e}") from e
-    return Ingredient(run, json.loads(summary_path.read_text()), header)
+    try:
+        summary = json.loads(summary_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SoupError(f"{summary_path} is not valid JSON: {e}") from e
+    if not isinstance(summary, dict) or "recipe" not in summary:
+        raise SoupError(f"{summary_path} is not a dlr-train summary (no 'recipe')")
+    return Ingredient(run, summary, header)
 
 
 def check_ingredients(items: Sequence[Ingredient], with_start: bool = False) -> None:

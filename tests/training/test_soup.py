@@ -5,6 +5,7 @@ training run's (checkpoint, summary with the recipe's results, curves)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,19 @@ def test_runs_that_cannot_be_averaged_are_refused(
     assert err.value.code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "soup").exists()  # nothing written
+
+
+def test_a_damaged_summary_is_refused(runs: dict[str, Path], tmp_path: Path, capsys) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(runs["ft_b"], broken)
+    (broken / "summary.json").write_text('{"steps": 4')  # cut short
+    with pytest.raises(SystemExit) as err:
+        soup_main([str(runs["ft_a"]), str(broken), "--out", str(tmp_path / "soup")])
+    assert err.value.code == 2 and "summary.json is not valid JSON" in capsys.readouterr().err
+    (broken / "summary.json").write_text("[]")
+    with pytest.raises(SoupError, match="not a dlr-train summary"):
+        read_ingredient(broken)
+    assert not (tmp_path / "soup").exists()
 
 
 def test_fine_tunes_of_different_weights_are_refused(runs: dict[str, Path], tmp_path: Path):
