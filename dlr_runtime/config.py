@@ -42,7 +42,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "byte-lm": {"d_model": 192, "d_state": 64, "n_layers": 4, "vocab_size": 258},  # shipped shape
 }
 
-_LATER: dict[str, Any] = {"frame_window": 0}  # field -> value meaning "not used"
+_LATER: dict[str, Any] = {"frame_window": 0, "feature_norm_s": 0.0}  # field -> "not used" value
 
 
 @dataclass
@@ -70,6 +70,8 @@ class DLRConfig:
     frontend: FrontendKind = "raw"  # audio: per-frame front end (raw | logmel), frontend.py
     n_mels: int = 40  # audio, logmel front end: mel bands per frame
     pool_window_s: float = 0.0  # classifier: 0 = running mean; > 0 = exp. window (s), heads.py
+    feature_norm_s: float = 0.0  # audio: subtract the causal exp. mean (time constant, s) of
+    # each front-end feature before the frame map; 0 = off (feature_norm.py)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -107,6 +109,10 @@ class DLRConfig:
             raise ValueError("DLRConfig: the audio encoder goes with the classifier decoder")
         if self.pool_window_s < 0:
             raise ValueError(f"DLRConfig.pool_window_s must be >= 0, got {self.pool_window_s}")
+        if self.feature_norm_s < 0:
+            raise ValueError(f"DLRConfig.feature_norm_s must be >= 0, got {self.feature_norm_s}")
+        if self.encoder == "tokens" and self.feature_norm_s:
+            raise ValueError("DLRConfig.feature_norm_s applies to the audio encoder only")
         if self.encoder == "tokens" and self.frame_stride != 1:
             raise ValueError("DLRConfig.frame_stride applies to the audio encoder only")
         if self.encoder == "tokens" and self.frame_window != 0:
@@ -128,6 +134,11 @@ class DLRConfig:
     def history(self) -> int:
         """Samples of earlier frames an audio frame's window reaches back over (0: none)."""
         return self.window - self.frame_stride
+
+    @property
+    def feature_dim(self) -> int:
+        """Features per frame out of the audio front end (n_mels, or the window's samples)."""
+        return self.n_mels if self.frontend == "logmel" else self.window
 
     @property
     def n_classes(self) -> int:

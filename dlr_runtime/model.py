@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import DLRConfig
+from .feature_norm import norm_decay, normalise
 from .frontend import make_frontend
 from .heads import pool_decay, pooled
 from .ssm import DiagonalSSM, make_layer
@@ -84,14 +85,24 @@ class Encoder(nn.Module):
         else:
             self.frontend = make_frontend(cfg)  # raw samples or log-mel, per window (no state)
             self.frame = nn.Linear(self.frontend.out_dim, cfg.d_model)
+            self.norm_decay = norm_decay(cfg)  # 0.0: no feature normalisation (no state)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "tokens":
             return self.embed(x)
-        return self.encode_frames(frames_of(x, self.stride, self.history))
+        return self.embed_features(self.frontend(frames_of(x, self.stride, self.history)))
+
+    def embed_features(self, feats: torch.Tensor) -> torch.Tensor:
+        """Front-end features of whole streams (B, T, F), from their start -> (B, T, H)."""
+        if self.norm_decay:
+            feats = normalise(feats, self.norm_decay)
+        return self.frame(feats)
 
     def encode_frames(self, frames: torch.Tensor) -> torch.Tensor:
-        """Audio frame windows (..., W) -> (..., H)."""
+        """Audio frame windows (..., W) -> (..., H), frame by frame: only for a front end
+        without state (no feature normalisation; the recurrent form carries that state)."""
+        if self.norm_decay:
+            raise ValueError("encode_frames has no feature-normalisation state; use the stream")
         return self.frame(self.frontend(frames))
 
 

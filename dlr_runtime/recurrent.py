@@ -29,6 +29,7 @@ from torch import nn
 
 from .config import DLRConfig
 from .diagonal import block_consts, c_pairs, diag_block, diag_step
+from .feature_norm import normalise_chunk, normalise_step
 from .framing import advance_completed, audio_chunk, audio_step, push_sample, take_frames
 from .heads import pool_chunk, pool_step
 from .model import BlockPointwise, DLRModel, Encoder, Head
@@ -139,7 +140,7 @@ class RecurrentModel(nn.Module):
             return self._core_step(self.encoder.embed(x_t), state)
 
         def run(frames: torch.Tensor, sub: State) -> State:
-            return self._core_step(self.encoder.encode_frames(frames), sub)[1]
+            return self._core_step(self._encode(frames, sub), sub)[1]
 
         state = audio_step(x_t.to(self.rdtype), state, self.config.frame_stride, run)
         return self.scores(state), state
@@ -159,7 +160,7 @@ class RecurrentModel(nn.Module):
             return self._core_chunk(self.encoder.embed(x), state, block)
 
         def run(frames: torch.Tensor, sub: State) -> tuple[torch.Tensor, State]:
-            return self._core_chunk(self.encoder.encode_frames(frames), sub, block)
+            return self._core_chunk(self._encode(frames, sub), sub, block)
 
         return audio_chunk(x.to(self.rdtype), state, self.config.frame_stride, run)
 
@@ -170,6 +171,18 @@ class RecurrentModel(nn.Module):
         return self.head.proj(mean.to(self.rdtype))
 
     # ------------------------------------------------------------------ the stack
+    def _encode(self, frames: torch.Tensor, state: State) -> torch.Tensor:
+        """Frame windows (B, W) or (B, T, W) -> (B, [T,] H), advancing the feature
+        normalisation's state ("feat_sum", "feat_count") in `state` when the model has one."""
+        enc = self.encoder
+        feats = enc.frontend(frames)  # (B, [T,] F)
+        if enc.norm_decay:
+            norm = normalise_step if feats.dim() == 2 else normalise_chunk
+            feats, state["feat_sum"], state["feat_count"] = norm(
+                feats, state["feat_sum"], state["feat_count"], enc.norm_decay
+            )
+        return enc.frame(feats)
+
     def _b(self, i: int) -> torch.Tensor | None:
         return None if self.b_is_one[i] else self.B[i]
 

@@ -11,6 +11,8 @@ import copy
 
 import torch
 
+from .feature_norm import norm_decay
+from .heads import pool_decay
 from .model import DLRModel
 
 
@@ -20,7 +22,8 @@ def reference_forward(
 ) -> torch.Tensor:
     """Input (B, L) -> outputs (B, L', out_dim), exactly what `model(x)` computes.
 
-    For audio, a frame is encoded when its last sample arrives (L' = L // frame_stride).
+    For audio, a frame is encoded when its last sample arrives (L' = L // frame_stride). The
+    feature normalisation and the classifier's pooling run as plain loops of their recurrences.
     """
     cfg = model.config
     m = copy.deepcopy(model).to(dtype).eval()
@@ -40,11 +43,21 @@ def reference_forward(
         windows = xs.new_zeros(x.shape[0], n, hist + stride)  # frame t: its window, as a loop
         for t in range(n):
             windows[:, t] = xs[:, t * stride : t * stride + hist + stride]
-        feats = m.encoder.encode_frames(windows)
+        feats = m.encoder.frontend(windows)  # (B, n, F)
+        a = norm_decay(cfg)
+        if a:  # feature normalisation: minus the decayed mean so far, as a loop
+            f_sum, f_cnt, normed = torch.zeros_like(feats[:, 0]), 0.0, []
+            for t in range(n):
+                f_sum, f_cnt = a * f_sum + feats[:, t], a * f_cnt + 1.0
+                normed.append(feats[:, t] - f_sum / f_cnt)
+            feats = torch.stack(normed, dim=1) if normed else feats
+        feats = m.encoder.frame(feats)
 
     bsz, length, h = feats.shape
     state = [torch.zeros(bsz, h, cfg.d_state, dtype=cdtype) for _ in params]
     mean_sum = torch.zeros(bsz, h, dtype=dtype)
+    decay = pool_decay(cfg) if cfg.decoder == "classifier" else 1.0
+    count = 0.0
     outs = []
     for t in range(length):
         hid = feats[:, t]  # (B, H)
@@ -55,7 +68,7 @@ def reference_forward(
             hid = blk.pw.post(hid, s)
         f = m.head.features(hid)
         if cfg.decoder == "classifier":
-            mean_sum = mean_sum + f
-            f = mean_sum / (t + 1)
+            mean_sum, count = decay * mean_sum + f, decay * count + 1.0
+            f = mean_sum / count
         outs.append(m.head.proj(f))
     return torch.stack(outs, dim=1)

@@ -7,6 +7,9 @@ A session's recurrent state is a dict of batch-first tensors of fixed shape:
     "frame_fill"  ()          int64                audio: how many of them are filled
     "frame_hist"  (P,)        real of `cdtype`     audio, overlapping windows (P = history > 0):
                                                    the samples before the frame being filled
+    "feat_sum"    (F,)        float64              audio, feature normalisation on: decayed
+                                                   sum of front-end features (feature_norm.py)
+    "feat_count"  ()          float64              its decayed count of frames
     "mean_sum"    (H,)        float64              classifier: running sum of head features
     "mean_count"  ()          float64              classifier: positions summed
 
@@ -38,6 +41,9 @@ def state_spec(config: DLRConfig, cdtype: torch.dtype = torch.complex64) -> Spec
         spec["frame_fill"] = ((), torch.int64)
         if config.history:
             spec["frame_hist"] = ((config.history,), REAL_OF[cdtype])
+        if config.feature_norm_s:
+            spec["feat_sum"] = ((config.feature_dim,), torch.float64)
+            spec["feat_count"] = ((), torch.float64)
     if config.decoder == "classifier":
         spec["mean_sum"] = ((config.d_model,), torch.float64)
         spec["mean_count"] = ((), torch.float64)

@@ -78,6 +78,7 @@ class ModelEntry:
             out["sample_rate"] = cfg.sample_rate
             out["frame_stride"] = cfg.frame_stride
             out["frame_window"] = cfg.window  # samples each frame's front end sees
+            out["feature_norm_s"] = cfg.feature_norm_s  # causal feature mean subtraction (0: off)
             out["limits"]["max_queued_audio_s"] = settings.max_queued_audio_s
         else:
             tok = self.engine.tokenizer

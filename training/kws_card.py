@@ -275,11 +275,18 @@ def card(
             "spectrum of that frame alone\n"
             "(`dlr_runtime/frontend.py`; no overlap, so no front-end state)"
         )
+    norm = (
+        f" minus its causal exponential mean over ~{cfg.feature_norm_s:g} s\n"
+        "(per band, `dlr_runtime/feature_norm.py`: a fixed microphone or synthesizer colouring is "
+        "taken out; two more fixed-size state tensors)"
+        if cfg.feature_norm_s
+        else ""
+    )
     return f"""# speech-commands: streaming DLR keyword spotter (SC12, any voice, continuous streams)
 
 A causal DLR network for the ten commands plus `_silence_` and `_unknown_`. Each
 {cfg.frame_stride}-sample frame ({frame_ms} ms at {cfg.sample_rate} Hz) becomes a {cfg.n_mels}-band log-mel
-{spectrum},
+{spectrum}{norm},
 one linear map to {cfg.d_model} features, {cfg.n_layers} DLR blocks (N = {cfg.d_state}), and a classifier over an
 exponentially weighted mean of the last ~{cfg.pool_window_s} s of features (`dlr_runtime/heads.py`).
 The scores at any frame say what was said *recently*; the state is fixed-size and the server's

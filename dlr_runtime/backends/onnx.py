@@ -6,8 +6,8 @@ layout of the state differs: the complex SSM state is carried as two float tenso
 
     "ssm_re", "ssm_im"   (B, L, H, N) float32 (or float64 for a float64 export)
 
-next to the same "frame_buf"/"frame_fill"/"frame_hist" (audio) and "mean_sum"/"mean_count"
-(classifier) tensors as `RecurrentModel` (`state_spec.split_complex`). `from_canonical` / `to_canonical`
+next to the same "frame_buf"/"frame_fill"/"frame_hist" (audio), "feat_sum"/"feat_count"
+(feature normalisation) and "mean_sum"/"mean_count" (classifier) tensors as `RecurrentModel` (`state_spec.split_complex`). `from_canonical` / `to_canonical`
 convert between the two.
 
 State tensors are torch tensors on the backend's device and are bound to the ONNX Runtime
@@ -243,7 +243,6 @@ class OnnxBackend:
         """One step/chunk graph call on positions x ((B,) / (B, T) [, S]); updates `state`."""
         b = x.shape[0]
         lead = (b,) if graph == "step" else (b, x.shape[1])
-        clf = self.config.decoder == "classifier"
         if b == 0:  # the graphs' batch axis starts at 1: nothing to run
             return torch.empty(
                 *lead, self.config.out_dim, dtype=self.dtype, device=self._device
@@ -254,14 +253,14 @@ class OnnxBackend:
             "state_re_out": torch.empty_like(state["ssm_re"]),
             "state_im_out": torch.empty_like(state["ssm_im"]),
         }
-        if clf:
-            ins["mean_sum"], ins["mean_count"] = state["mean_sum"], state["mean_count"]
-            outs["mean_sum_out"] = torch.empty_like(state["mean_sum"])
-            outs["mean_count_out"] = torch.empty_like(state["mean_count"])
+        extra = [n for n in ("mean_sum", "mean_count", "feat_sum", "feat_count") if n in state]
+        for name in extra:  # classifier pooling, feature normalisation: f64 state in and out
+            ins[name] = state[name]
+            outs[f"{name}_out"] = torch.empty_like(state[name])
         self.graphs[graph].run(ins, outs)
         state["ssm_re"], state["ssm_im"] = outs["state_re_out"], outs["state_im_out"]
-        if clf:
-            state["mean_sum"], state["mean_count"] = outs["mean_sum_out"], outs["mean_count_out"]
+        for name in extra:
+            state[name] = outs[f"{name}_out"]
         return outs["y"], state
 
     def _positions(self, x: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:

@@ -73,9 +73,11 @@ class Engine:
         self.config_hash = snap.config_hash(self.config, canon, weights_hash)
         self._row_like = {k: v[0] for k, v in canon.items()}
         # what a restored row may hold: derived from the torch form's parameters when there is
-        # one (see snap.state_bounds), else only finiteness and the generic caps
+        # one (see snap.state_bounds), else what the config bounds and the generic caps
         rec = backend if hasattr(backend, "log_lam") else getattr(backend, "rec", None)
-        self._bounds = snap.state_bounds(rec) if rec is not None else None
+        self._bounds = (
+            snap.state_bounds(rec) if rec is not None else snap.config_bounds(self.config)
+        )
 
     # ------------------------------------------------------------------ sessions
     @property

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from ..config import DLRConfig
+from ..feature_norm import norm_decay
 from ..heads import pool_decay
 from .header_schema import SnapshotHeaderError, parse_header_json, validate_header
 
@@ -211,14 +213,45 @@ def state_bounds(rec: Any) -> dict[str, torch.Tensor]:
             bound = torch.where(decay > 0, bound, torch.full_like(bound, STATE_ABS_CAP))
         rows.append(bound)
     out["ssm"] = torch.stack(rows)  # (L, H, N)
+    out.update(config_bounds(cfg))
     if cfg.decoder == "classifier":
         f = _input_bound(rec.head.norm, h) if cfg.prenorm else None
         per = torch.full((h,), STATE_ABS_CAP) if f is None else STATE_SAFETY * f
         out["mean_sum"] = per.double()  # (H,) per counted position
-        decay = pool_decay(cfg)
-        if decay < 1.0:  # exponential window (dlr_runtime/heads.py): count -> 1 / (1 - a)
-            out["mean_count"] = torch.tensor(1.0 / (1.0 - decay), dtype=torch.float64)
     return out
+
+
+def config_bounds(cfg: DLRConfig) -> dict[str, torch.Tensor]:
+    """What the config alone bounds (any backend): a decayed count c_t = a c_{t-1} + 1 stays
+    in [0, 1 / (1 - a)] ("mean_count" of an exponential-window head, "feat_count" of the
+    feature normalisation); a feature sum stays within the generic cap per counted frame."""
+    out: dict[str, torch.Tensor] = {}
+    if cfg.decoder == "classifier" and pool_decay(cfg) < 1.0:
+        out["mean_count"] = torch.tensor(1.0 / (1.0 - pool_decay(cfg)), dtype=torch.float64)
+    if cfg.encoder == "audio" and cfg.feature_norm_s:
+        out["feat_count"] = torch.tensor(1.0 / (1.0 - norm_decay(cfg)), dtype=torch.float64)
+        out["feat_sum"] = torch.full((cfg.feature_dim,), STATE_ABS_CAP, dtype=torch.float64)
+    return out
+
+
+def _check_count(
+    row: dict[str, torch.Tensor], count: str, total: str, cap: dict[str, torch.Tensor]
+) -> None:
+    """A running count (an integer, or a decayed weight when `cap` bounds it) and the sum it
+    counts (at most `cap[total]` per counted position)."""
+    n = float(row[count])
+    if count in cap:  # a decayed weight: 0 <= c <= 1 / (1 - a)
+        top = float(cap[count]) * (1 + 1e-9)
+        if not 0 <= n <= top:
+            raise StateOutOfRange(f"state snapshot tensor {count!r} is {n:g}, outside [0, {top:g}]")
+    elif n < 0 or n != int(n) or n > 2.0**53:
+        raise StateOutOfRange(f"state snapshot tensor {count!r} is {n:g}, not a count")
+    if total not in cap or total not in row:
+        return
+    if (row[total].double().abs() > cap[total] * max(n, 1.0)).any():
+        raise StateOutOfRange(
+            f"state snapshot tensor {total!r} is larger than {count} positions reach"
+        )
 
 
 def check_state(row: dict[str, torch.Tensor], bounds: dict[str, torch.Tensor] | None) -> None:
@@ -237,22 +270,9 @@ def check_state(row: dict[str, torch.Tensor], bounds: dict[str, torch.Tensor] | 
                 f"state snapshot tensor 'ssm' holds |x| = {worst:.3g}, beyond what this model "
                 f"reaches (at most {cap['ssm'].max().item():.3g} per element)"
             )
-    if "mean_count" in row:
-        n = float(row["mean_count"])
-        if "mean_count" in cap:  # a decayed weight: 0 <= c <= 1 / (1 - a)
-            top = float(cap["mean_count"]) * (1 + 1e-9)
-            if not 0 <= n <= top:
-                raise StateOutOfRange(
-                    f"state snapshot tensor 'mean_count' is {n:g}, outside [0, {top:g}]"
-                )
-        elif n < 0 or n != int(n) or n > 2.0**53:
-            raise StateOutOfRange(f"state snapshot tensor 'mean_count' is {n:g}, not a count")
-        if "mean_sum" in cap:
-            lim = cap["mean_sum"] * max(n, 1.0)
-            if (row["mean_sum"].double().abs() > lim).any():
-                raise StateOutOfRange(
-                    "state snapshot tensor 'mean_sum' is larger than mean_count positions reach"
-                )
+    for count, total in (("mean_count", "mean_sum"), ("feat_count", "feat_sum")):
+        if count in row:
+            _check_count(row, count, total, cap)
     for name in ("frame_buf", "frame_hist"):
         if name in row and (row[name].abs() > STATE_ABS_CAP).any():
             raise StateOutOfRange(f"state snapshot tensor '{name}' holds out-of-range samples")

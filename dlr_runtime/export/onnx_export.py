@@ -12,7 +12,9 @@ frame_stride samples, plus the history before them when windows overlap), F floa
 
     step   x (B,) int64 tokens | (B, W) F audio window, state_re, state_im (B, L, H, N) F
            [mean_sum (B, H) f64, mean_count (B,) f64]   (classifier decoder)
-        -> y (B, V | C), state_re_out, state_im_out, [mean_sum_out, mean_count_out]
+           [feat_sum (B, F) f64, feat_count (B,) f64]   (audio with feature normalisation)
+        -> y (B, V | C), state_re_out, state_im_out, [mean_sum_out, mean_count_out],
+           [feat_sum_out, feat_count_out]
     chunk  x (B, T) int64 | (B, T, W) F, same state     -> y (B, T, V | C), same state outputs
     scores mean_sum (B, H) f64, mean_count (B,) f64     -> scores (B, C)
 
@@ -35,6 +37,7 @@ import torch
 from torch import nn
 from torch.export import Dim
 
+from ..config import DLRConfig
 from ..recurrent import RecurrentModel
 from .realmath import (
     FLOAT_OF,
@@ -43,6 +46,8 @@ from .realmath import (
     ClassifierStep,
     LMChunk,
     LMStep,
+    NormClassifierChunk,
+    NormClassifierStep,
     RealCore,
 )
 
@@ -52,13 +57,17 @@ STATE_IN = ["state_re", "state_im"]
 STATE_OUT = ["state_re_out", "state_im_out"]
 MEAN_IN = ["mean_sum", "mean_count"]
 MEAN_OUT = ["mean_sum_out", "mean_count_out"]
+FEAT_IN = ["feat_sum", "feat_count"]
+FEAT_OUT = ["feat_sum_out", "feat_count_out"]
 
 
-def graph_names(decoder: str) -> dict[str, list[str]]:
-    """Input and output names of the step/chunk graphs for a decoder kind."""
+def graph_names(cfg: DLRConfig) -> dict[str, list[str]]:
+    """Input and output names of the step/chunk graphs of a model."""
     ins, outs = ["x", *STATE_IN], ["y", *STATE_OUT]
-    if decoder == "classifier":
+    if cfg.decoder == "classifier":
         ins, outs = ins + MEAN_IN, outs + MEAN_OUT
+    if cfg.feature_norm_s:
+        ins, outs = ins + FEAT_IN, outs + FEAT_OUT
     return {"inputs": ins, "outputs": outs}
 
 
@@ -85,7 +94,23 @@ def example_inputs(
             torch.full((batch,), 3.0, dtype=torch.float64),
         ]
         dyn += [{0: bdim}, {0: bdim}]
+    if cfg.feature_norm_s:
+        args += [
+            torch.randn(batch, cfg.feature_dim, dtype=torch.float64),
+            torch.full((batch,), 2.0, dtype=torch.float64),
+        ]
+        dyn += [{0: bdim}, {0: bdim}]
     return tuple(args), {"shapes": tuple(dyn)}
+
+
+def graph_modules(core: RealCore) -> tuple[nn.Module, nn.Module]:
+    """The step and chunk modules exported for `core`'s model."""
+    cfg = core.config
+    if cfg.decoder != "classifier":
+        return LMStep(core), LMChunk(core)
+    if cfg.feature_norm_s:
+        return NormClassifierStep(core), NormClassifierChunk(core)
+    return ClassifierStep(core), ClassifierChunk(core)
 
 
 def export_graph(
@@ -130,14 +155,13 @@ def export_onnx(
     dtype = FLOAT_OF[rec.cdtype] if dtype is None else dtype
     core = RealCore(rec, dtype=dtype, max_chunk=max_chunk)
     cfg = rec.config
-    names = graph_names(cfg.decoder)
+    names = graph_names(cfg)
     clf = cfg.decoder == "classifier"
+    step, chunk = graph_modules(core)
     with torch.no_grad():
         args, dyn = example_inputs(core, 2, None)
-        step = ClassifierStep(core) if clf else LMStep(core)
         export_graph(step, args, dyn["shapes"], names, out / "step.onnx")
         args, dyn = example_inputs(core, 2, min(3, max_chunk))
-        chunk = ClassifierChunk(core) if clf else LMChunk(core)
         export_graph(chunk, args, dyn["shapes"], names, out / "chunk.onnx")
         graphs = {"step": "step.onnx", "chunk": "chunk.onnx"}
         if clf:

@@ -16,8 +16,10 @@ block length T inside the graph, so one exported graph serves every T in [1, max
     vin_T      = vin_max[max_chunk - T:]       (lam^(T-1-s), s < T)
     lam^T      = vout_max[..., T - 1]
 
-`RealCore` holds the weights; `LMStep`, `LMChunk`, `ClassifierStep`, `ClassifierChunk` and
-`ClassifierScores` are the small modules that get exported (real tensors in and out). Audio
+`RealCore` holds the weights; `LMStep`, `LMChunk`, `ClassifierStep`, `ClassifierChunk`,
+`ClassifierScores` (and `NormClassifierStep` / `NormClassifierChunk` for audio models with
+feature normalisation, which add its two state tensors) are the small modules that get exported
+(real tensors in and out). Audio
 graphs take whole frames' windows (B, W) / (B, T, W); the sample-level framing (frame buffer,
 fill count, history) stays on the torch side (`dlr_runtime.backends.onnx`), exactly as
 `RecurrentModel` does it.
@@ -32,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..diagonal import chunk_tables, toeplitz
+from ..feature_norm import normalise_step
 from ..heads import pool_block_tables, pool_step
 from ..recurrent import RecurrentModel
 
@@ -83,13 +86,36 @@ class RealCore(nn.Module):
         w, carry = pool_block_tables(self.head.decay, max_chunk)
         self.register_buffer("pool_w", w)  # (Tm, Tm)
         self.register_buffer("pool_carry", carry)  # (Tm,)
+        self.norm_decay = self.encoder.norm_decay if self.config.encoder == "audio" else 0.0
+        # feature normalisation (dlr_runtime/feature_norm.py): the same tables for its decay
+        w, carry = pool_block_tables(self.norm_decay or 1.0, max_chunk)
+        self.register_buffer("norm_w", w)  # (Tm, Tm)
+        self.register_buffer("norm_carry", carry)  # (Tm,)
         self.requires_grad_(False)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """Tokens (...,) int64 or full audio frames (..., S) -> (..., H)."""
+        """Tokens (...,) int64 or full audio frames (..., S) of a front end without state
+        -> (..., H)."""
         if self.config.encoder == "tokens":
             return self.encoder.embed(x)
         return self.encoder.encode_frames(x)
+
+    def encode_norm(
+        self, x: torch.Tensor, feat_sum: torch.Tensor, feat_count: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Audio frames (B, W) or (B, T, W) with feature normalisation from its state
+        feat_sum (B, F) f64, feat_count (B,) f64 -> (h (B, [T,] H), new feat_sum, feat_count)."""
+        f = self.encoder.frontend(x)  # (B, [T,] F)
+        if f.dim() == 2:
+            g, fs, fc = normalise_step(f, feat_sum, feat_count, self.norm_decay)
+            return self.encoder.frame(g), fs, fc
+        t = f.shape[1]
+        w, carry = self.norm_w[:t, :t], self.norm_carry[:t]  # (T, T), (T,)
+        f64 = f.to(torch.float64)
+        sums = torch.einsum("ts,bsf->btf", w, f64) + carry.view(1, -1, 1) * feat_sum.unsqueeze(1)
+        counts = w.sum(-1).unsqueeze(0) + carry.unsqueeze(0) * feat_count.unsqueeze(1)  # (B, T)
+        g = (f64 - sums / counts.unsqueeze(-1)).to(self.dtype)  # (B, T, F)
+        return self.encoder.frame(g), sums[:, -1], counts[:, -1]
 
     def _post(self, pw: nn.Module, h: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         """`BlockPointwise.post` (eval mode) with a GELU ONNX Runtime runs in float64 too.
@@ -253,6 +279,35 @@ class ClassifierChunk(nn.Module):
         f, nr, ni = self.core.core_chunk(self.core.encode(x), state_re, state_im)  # (B, T, H)
         scores, ms, mc = self.core.running_scores(f, mean_sum, mean_count)
         return scores, nr, ni, ms, mc
+
+
+class NormClassifierStep(nn.Module):
+    """`ClassifierStep` of an audio model with feature normalisation: the same inputs, then
+    feat_sum (B, F) f64, feat_count (B,) f64 -> the same outputs, then the two new ones."""
+
+    def __init__(self, core: RealCore) -> None:
+        super().__init__()
+        self.core = core
+
+    def forward(self, x, state_re, state_im, mean_sum, mean_count, feat_sum, feat_count):
+        h, fs, fc = self.core.encode_norm(x, feat_sum, feat_count)  # h (B, H)
+        f, nr, ni = self.core.core_step(h, state_re, state_im)
+        ms, mc = pool_step(mean_sum, mean_count, f.to(torch.float64), self.core.head.decay)
+        return self.core.scores(ms, mc), nr, ni, ms, mc, fs, fc
+
+
+class NormClassifierChunk(nn.Module):
+    """`ClassifierChunk` with feature normalisation (inputs and outputs as `NormClassifierStep`)."""
+
+    def __init__(self, core: RealCore) -> None:
+        super().__init__()
+        self.core = core
+
+    def forward(self, x, state_re, state_im, mean_sum, mean_count, feat_sum, feat_count):
+        h, fs, fc = self.core.encode_norm(x, feat_sum, feat_count)  # h (B, T, H)
+        f, nr, ni = self.core.core_chunk(h, state_re, state_im)
+        scores, ms, mc = self.core.running_scores(f, mean_sum, mean_count)
+        return scores, nr, ni, ms, mc, fs, fc
 
 
 class ClassifierScores(nn.Module):

@@ -12,6 +12,7 @@ sequence's next request, and the state starts as zeros). Graph tensors (B = Trit
     inputs   TOKEN (B, 1) int64 | FRAME (B, S) float32      one token / one full audio frame
              STATE_RE, STATE_IM (B, L, H, N) float32         the complex SSM state, re / im
              [MEAN_SUM (B, H) float64, MEAN_COUNT (B, 1) float64]   classifier running mean
+             [FEAT_SUM (B, F) float64, FEAT_COUNT (B, 1) float64]   feature normalisation
              START, READY (B, 1) int32, CORRID (B, 1) uint64  sequence-batcher controls
     outputs  LOGITS (B, V) | SCORES (B, C) float32, and STATE_RE_OUT, STATE_IM_OUT, ...
 
@@ -48,34 +49,66 @@ class TritonLMStep(nn.Module):
         super().__init__()
         self.core = core
 
-    def advance(self, x, state_re, state_im, start, ready):
-        """Shared part: features (B, H), new state x 2 (held where READY = 0), keep (B, 1)."""
-        keep = (1 - start).to(state_re.dtype)  # (B, 1): 0 where a sequence starts
+    def advance(self, h, state_re, state_im, start, ready):
+        """Shared part: encoded input h (B, H) -> features (B, H), new state x 2 (held where
+        READY = 0), keep (B, 1) (0 where a sequence starts)."""
+        keep = (1 - start).to(state_re.dtype)  # (B, 1)
         k4 = keep.view(-1, 1, 1, 1)
         sr, si = state_re * k4, state_im * k4  # (B, L, H, N)
-        h = self.core.encode(x.squeeze(-1) if x.dtype == torch.int64 else x)  # (B, H)
         f, nr, ni = self.core.core_step(h, sr, si)
         live = ready.view(-1, 1, 1, 1) > 0  # (B, 1, 1, 1)
         return f, torch.where(live, nr, state_re), torch.where(live, ni, state_im), keep
 
+    def encode(self, x):
+        return self.core.encode(x.squeeze(-1) if x.dtype == torch.int64 else x)  # (B, H)
+
     def forward(self, x, state_re, state_im, start, ready, corrid):
         del corrid  # a required control input; the math does not depend on it
-        f, nr, ni, _ = self.advance(x, state_re, state_im, start, ready)
+        f, nr, ni, _ = self.advance(self.encode(x), state_re, state_im, start, ready)
         return self.core.head.proj(f), nr, ni
 
 
+def _decayed(total, count, value, keep, ready, decay: float):
+    """One step of S = a S + v, C = a C + 1 from zero where keep = 0, held where READY = 0:
+    total (B, D), count (B, 1) f64 -> (new total, new count, the values before holding)."""
+    k = keep.double()
+    s = decay * total * k + value.double()
+    c = decay * count * k + 1.0
+    return torch.where(ready > 0, s, total), torch.where(ready > 0, c, count), s, c
+
+
 class TritonClassifierStep(TritonLMStep):
-    """The step graph with Triton's sequence controls, classifier decoder."""
+    """The step graph with Triton's sequence controls, classifier decoder (the head's running
+    mean or exponential window, `dlr_runtime.heads`)."""
+
+    def head(self, f, mean_sum, mean_count, keep, ready):
+        ms, mc, s, c = _decayed(mean_sum, mean_count, f, keep, ready, self.core.head.decay)
+        return self.core.scores(s, c.squeeze(-1)), ms, mc  # (B, C), (B, H), (B, 1)
 
     def forward(self, x, state_re, state_im, mean_sum, mean_count, start, ready, corrid):
         del corrid
-        f, nr, ni, keep = self.advance(x, state_re, state_im, start, ready)
-        ms = mean_sum * keep.double() + f.double()  # (B, H)
-        mc = mean_count * keep.double() + 1.0  # (B, 1)
-        y = self.core.scores(ms, mc.squeeze(-1))  # (B, C)
-        ms = torch.where(ready > 0, ms, mean_sum)
-        mc = torch.where(ready > 0, mc, mean_count)
+        f, nr, ni, keep = self.advance(self.encode(x), state_re, state_im, start, ready)
+        y, ms, mc = self.head(f, mean_sum, mean_count, keep, ready)
         return y, nr, ni, ms, mc
+
+
+class TritonNormClassifierStep(TritonClassifierStep):
+    """`TritonClassifierStep` of an audio model with feature normalisation
+    (`dlr_runtime.feature_norm`): two more implicit states, FEAT_SUM (B, F) and FEAT_COUNT (B, 1)."""
+
+    def forward(
+        self, x, state_re, state_im, mean_sum, mean_count, feat_sum, feat_count, start, ready,
+        corrid,
+    ):  # fmt: skip
+        del corrid
+        keep = (1 - start).to(state_re.dtype)  # (B, 1)
+        feats = self.core.encoder.frontend(x)  # (B, F)
+        a = self.core.norm_decay
+        fs, fc, s, c = _decayed(feat_sum, feat_count, feats, keep, ready, a)
+        h = self.core.encoder.frame((feats.double() - s / c).to(feats.dtype))  # (B, H)
+        f, nr, ni, keep = self.advance(h, state_re, state_im, start, ready)
+        y, ms, mc = self.head(f, mean_sum, mean_count, keep, ready)
+        return y, nr, ni, ms, mc, fs, fc
 
 
 def triton_io(rec: RecurrentModel) -> dict:
@@ -95,6 +128,11 @@ def triton_io(rec: RecurrentModel) -> dict:
         states += [
             ("MEAN_SUM", "MEAN_SUM_OUT", "TYPE_FP64", [cfg.d_model]),
             ("MEAN_COUNT", "MEAN_COUNT_OUT", "TYPE_FP64", [1]),
+        ]
+    if cfg.encoder == "audio" and cfg.feature_norm_s:
+        states += [
+            ("FEAT_SUM", "FEAT_SUM_OUT", "TYPE_FP64", [cfg.feature_dim]),
+            ("FEAT_COUNT", "FEAT_COUNT_OUT", "TYPE_FP64", [1]),
         ]
     return {"input": x, "output": y, "states": states}
 
@@ -141,6 +179,12 @@ instance_group [ {{ count: 1 kind: KIND_AUTO }} ]
 """
 
 
+def _step_module(cfg) -> type[TritonLMStep]:
+    if cfg.decoder != "classifier":
+        return TritonLMStep
+    return TritonNormClassifierStep if cfg.feature_norm_s else TritonClassifierStep
+
+
 def export_triton_onnx(rec: RecurrentModel, path: Path) -> Path:
     """Export the Triton step graph of `rec` (float32) to `path` and check it."""
     cfg = rec.config
@@ -157,6 +201,9 @@ def export_triton_onnx(rec: RecurrentModel, path: Path) -> Path:
     if cfg.decoder == "classifier":
         args += [torch.randn(b, cfg.d_model, dtype=torch.float64)]
         args += [torch.full((b, 1), 2.0, dtype=torch.float64)]
+    if cfg.encoder == "audio" and cfg.feature_norm_s:
+        args += [torch.randn(b, cfg.feature_dim, dtype=torch.float64)]
+        args += [torch.full((b, 1), 2.0, dtype=torch.float64)]
     args += [torch.tensor([[1], [0]], dtype=torch.int32), torch.ones(b, 1, dtype=torch.int32)]
     args += [torch.tensor([[7], [9]], dtype=torch.uint64)]
     in_names = [io["input"][0]] + [s[0] for s in io["states"]] + ["START", "READY", "CORRID"]
@@ -166,7 +213,7 @@ def export_triton_onnx(rec: RecurrentModel, path: Path) -> Path:
         warnings.simplefilter("ignore")
         logging.getLogger("torch.onnx").setLevel(logging.ERROR)
         program = torch.onnx.export(
-            (TritonClassifierStep if cfg.decoder == "classifier" else TritonLMStep)(core).eval(),
+            _step_module(cfg)(core).eval(),
             tuple(args),
             dynamo=True,
             dynamic_shapes=dynamic,
@@ -254,8 +301,18 @@ def export_triton(
             if cfg.history
             else ""
         )
-        + "Scores are those of the running mean over all frames so "
-        "far (the argmax is the current label).\n"
+        + (
+            f"Each frame's front-end features have their causal mean (time constant "
+            f"{cfg.feature_norm_s:g} s) subtracted inside the graph (FEAT_* states). "
+            if cfg.feature_norm_s
+            else ""
+        )
+        + (
+            f"Scores are those of an exponentially weighted mean of the last ~{cfg.pool_window_s:g} s "
+            if cfg.pool_window_s
+            else "Scores are those of the running mean over all frames so far "
+        )
+        + "(the argmax is the current label).\n"
     )
     labels = f" Labels (index order): {json.dumps(cfg.labels)}." if cfg.labels else ""
     text = README.format(

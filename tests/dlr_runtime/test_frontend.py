@@ -1,7 +1,9 @@
-"""The log-mel front end and the exponential-window head in every form of the runtime.
+"""The log-mel front end, the exponential-window head and the feature normalisation in every
+form of the runtime.
 
-- offline (FFT convolution) == chunk (any boundaries, misaligned with frames) == step, for
-  {raw, logmel} x {running mean, exponential window}: float64 / complex128 to 1e-10 of the
+- offline (FFT convolution) == chunk (any boundaries, misaligned with frames) == step == the
+  plain loop of `reference_forward`, for {raw, logmel} x {running mean, exponential window} x
+  {frame alone, overlapping windows} x {with, without feature normalisation}: float64 / complex128 to 1e-10 of the
   output scale; float32 / complex64 to 1e-4 (the log-mel of a 20 ms frame goes through two
   320-long float32 matmuls and a log; observed ~1e-6 on outputs of magnitude ~1);
 - the front end against torchaudio (Spectrogram + melscale_fbanks) as an independent reference;
@@ -36,11 +38,14 @@ F32_TOL = 1e-4
 LABELS = ["yes", "no", "_silence_", "_unknown_"]
 
 
-def config(frontend: str, window: float, stride: int = 40, frame_window: int = 0) -> DLRConfig:
+def config(
+    frontend: str, window: float, stride: int = 40, frame_window: int = 0, norm: float = 0.0
+) -> DLRConfig:
     return DLRConfig(
         d_model=8, d_state=6, n_layers=2, encoder="audio", decoder="classifier",
         labels=LABELS, frame_stride=stride, frontend=frontend, n_mels=10, pool_window_s=window,
         dt_min=0.01, dt_max=0.5, sample_rate=16000, frame_window=frame_window,
+        feature_norm_s=norm,
     )  # fmt: skip
 
 
@@ -68,16 +73,18 @@ def streamed(rec, x: torch.Tensor, cuts: list[int], steps_from: int | None = Non
 @pytest.mark.parametrize("frontend", ["raw", "logmel"])
 @pytest.mark.parametrize("window", [0.0, 0.01])
 @pytest.mark.parametrize("frame_window", [0, 53, 80], ids=["frame", "window+13", "window+40"])
-def test_offline_chunk_step_agree_float64(frontend, window, frame_window):
-    cfg = config(frontend, window, frame_window=frame_window)
+@pytest.mark.parametrize("norm", [0.0, 0.02], ids=["", "feature-norm"])
+def test_offline_chunk_step_agree_float64(frontend, window, frame_window, norm):
+    cfg = config(frontend, window, frame_window=frame_window, norm=norm)
     model = DLRModel(cfg, seed=0).double().eval()
     rec = to_recurrent(model, dtype=torch.complex128, max_block=16)
     x = audio(2, 40 * 70)
     with torch.no_grad():
         ref = model(x)  # (2, 70, 4)
     scale = ref.abs().max()
-    if window == 0.0:  # the plain loop (running-mean head only) is the specification
-        assert float((reference_forward(model, x) - ref).abs().max() / scale) < F64_TOL
+    # the plain loop (feature normalisation and pooling as loops of their recurrences) is the
+    # specification
+    assert float((reference_forward(model, x) - ref).abs().max() / scale) < F64_TOL
     for cuts, steps_from in (([], None), ([7, 333, 334, 1201], None), ([13, 900], 2400)):
         out = streamed(rec, x, cuts, steps_from)
         assert out.shape == ref.shape
@@ -88,8 +95,9 @@ def test_offline_chunk_step_agree_float64(frontend, window, frame_window):
 
 @pytest.mark.parametrize("frontend", ["raw", "logmel"])
 @pytest.mark.parametrize("frame_window", [0, 640])
-def test_offline_chunk_step_agree_float32(frontend, frame_window):
-    cfg = config(frontend, 0.02, stride=320, frame_window=frame_window)
+@pytest.mark.parametrize("norm", [0.0, 0.5], ids=["", "feature-norm"])
+def test_offline_chunk_step_agree_float32(frontend, frame_window, norm):
+    cfg = config(frontend, 0.02, stride=320, frame_window=frame_window, norm=norm)
     model = DLRModel(cfg, seed=1).eval()
     rec = to_recurrent(model, dtype=torch.complex64)
     x = audio(2, 320 * 50, seed=1, dtype=torch.float32)

@@ -1,7 +1,10 @@
-"""The log-mel front end and the exponential-window head through ONNX export and ONNX Runtime,
-against the torch recurrent form (float32 graphs: 1e-4, as in test_onnx_backend.py)."""
+"""The log-mel front end, the exponential-window head and the feature normalisation through ONNX
+export and ONNX Runtime, against the torch recurrent form (float32 graphs: 1e-4, as in
+test_onnx_backend.py; float64 graphs: 1e-7, their GELU's erf runs in float32, realmath.py)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -19,10 +22,20 @@ CFG = DLRConfig(
 )  # fmt: skip
 
 
+NORM = replace(CFG, feature_norm_s=0.05)
+
+
 @pytest.mark.slow
-def test_chunks_and_steps_match_torch(tmp_path):
-    rec = to_recurrent(DLRModel(CFG, seed=3))
+@pytest.mark.parametrize(
+    "cfg, cdtype, tol",
+    [(CFG, torch.complex64, TOL), (NORM, torch.complex64, TOL), (NORM, torch.complex128, 1e-7)],
+    ids=["window", "feature-norm", "feature-norm-f64"],
+)
+def test_chunks_and_steps_match_torch(tmp_path, cfg, cdtype, tol):
+    model = DLRModel(cfg, seed=3)
+    rec = to_recurrent(model.double() if cdtype == torch.complex128 else model, dtype=cdtype)
     be = OnnxBackend.from_recurrent(rec, tmp_path, max_chunk=8)
+    assert set(be.to_canonical(be.init_state(1))) == set(rec.init_state(1))
     x = 0.3 * torch.randn(2, 32 * 30, generator=torch.Generator().manual_seed(0))
     s_ref, s_onnx = rec.init_state(2), be.init_state(2)
     for a, b in [(0, 50), (50, 50), (50, 700), (700, 32 * 28)]:
@@ -30,9 +43,9 @@ def test_chunks_and_steps_match_torch(tmp_path):
         y, s_onnx = be.chunk(x[:, a:b], s_onnx)
         assert y.shape == y_ref.shape
         if y.numel():
-            assert float((y.double() - y_ref.double()).abs().max()) < TOL
+            assert float((y.double() - y_ref.double()).abs().max()) < tol
     for k in range(32 * 28, 32 * 30):
         y_ref, s_ref = rec.step(x[:, k], s_ref)
         y, s_onnx = be.step(x[:, k], s_onnx)
-        assert float((y.double() - y_ref.double()).abs().max()) < TOL
-    assert float((be.scores(s_onnx).double() - rec.scores(s_ref).double()).abs().max()) < TOL
+        assert float((y.double() - y_ref.double()).abs().max()) < tol
+    assert float((be.scores(s_onnx).double() - rec.scores(s_ref).double()).abs().max()) < tol

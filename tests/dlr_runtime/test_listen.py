@@ -28,12 +28,14 @@ RATE, STRIDE = 16000, 160
 F64_TOL = 1e-10
 
 
-@pytest.fixture(scope="module")
-def model():
+@pytest.fixture(scope="module", params=[0.0, 0.3], ids=["plain", "feature-norm"])
+def model(request):
+    """A log-mel model with an exponential-window head; with or without feature normalisation
+    (whose state the gate's reset restarts like every other state tensor)."""
     cfg = DLRConfig(
         d_model=8, d_state=6, n_layers=2, encoder="audio", decoder="classifier", labels=LABELS,
         frame_stride=STRIDE, frontend="logmel", n_mels=10, pool_window_s=0.5, dt_min=0.01,
-        dt_max=0.5, sample_rate=RATE,
+        dt_max=0.5, sample_rate=RATE, feature_norm_s=request.param,
     )  # fmt: skip
     torch.manual_seed(0)
     m = DLRModel(cfg, seed=3)

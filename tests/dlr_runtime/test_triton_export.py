@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from dlr_runtime import load_recurrent
+from dlr_runtime import DLRConfig, DLRModel, load_recurrent, save_checkpoint
 from dlr_runtime.export.cli import main as export_main
 
 # ONNX export per model repository: full suite only
@@ -24,13 +24,27 @@ text_format = pytest.importorskip("google.protobuf.text_format")
 TOL = 1e-4
 
 
+NORM = "tiny-speech-norm"  # log-mel, exponential-window head, feature normalisation
+
+
 @pytest.fixture(scope="module")
-def repo(models_dir: Path, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("triton")
+def norm_dir(models_dir: Path, tmp_path_factory) -> Path:
+    """`models_dir` plus the NORM checkpoint."""
+    cfg = DLRConfig.preset(
+        "tiny-speech", frontend="logmel", n_mels=10, pool_window_s=0.05, feature_norm_s=0.1
+    )
+    root = tmp_path_factory.mktemp("norm")
     for name in ("tiny-lm", "tiny-speech"):
-        assert (
-            export_main(["triton", str(models_dir / name), str(out), "--max-batch-size", "8"]) == 0
-        )
+        (root / name).symlink_to(models_dir / name)
+    save_checkpoint(DLRModel(cfg, seed=4), root / NORM)
+    return root
+
+
+@pytest.fixture(scope="module")
+def repo(norm_dir: Path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("triton")
+    for path in (norm_dir / "tiny-lm", norm_dir / "tiny-speech", norm_dir / NORM):
+        assert export_main(["triton", str(path), str(out), "--max-batch-size", "8"]) == 0
     return out
 
 
@@ -40,7 +54,7 @@ def _config(repo: Path, name: str):
     )
 
 
-@pytest.mark.parametrize("name", ["tiny-lm", "tiny-speech"])
+@pytest.mark.parametrize("name", ["tiny-lm", "tiny-speech", NORM])
 def test_config_is_a_valid_sequence_model(repo, name):
     cfg = _config(repo, name)
     C = model_config_pb2.ModelSequenceBatching.Control
@@ -155,16 +169,22 @@ def test_lm_sequences_match_runtime(repo, models_dir):
     np.testing.assert_allclose(got[0], ref[12][0].numpy(), atol=TOL, rtol=0)
 
 
-def test_speech_sequence_matches_runtime(repo, models_dir):
-    rec = load_recurrent(models_dir / "tiny-speech")
+@pytest.mark.parametrize("name", ["tiny-speech", NORM])
+def test_speech_sequence_matches_runtime(repo, norm_dir, name):
+    """Two sequences frame by frame with an idle slot, then a new sequence reusing CORRID 1
+    with stale state fed in: the running mean (tiny-speech) and the exponential window with
+    feature normalisation (NORM) both restart from zero."""
+    rec = load_recurrent(norm_dir / name)
     stride = rec.config.frame_stride
-    drv = TritonLikeDriver(repo, "tiny-speech")
+    drv = TritonLikeDriver(repo, name)
     audio = torch.randn(2, 5 * stride, generator=torch.Generator().manual_seed(1)) * 0.3
     ref, _ = rec.chunk(audio, rec.init_state(2))  # (2, 5, C): scores after each frame
     for f in range(5):
         frames = audio[:, f * stride : (f + 1) * stride].numpy()
         got = drv.run([(1, f == 0, frames[0]), (2, f == 0, frames[1])], idle_slots=1)
         np.testing.assert_allclose(got, ref[:, f].numpy(), atol=TOL, rtol=0)
+    got = drv.run([(1, True, audio[1, :stride].numpy())], stale=True)
+    np.testing.assert_allclose(got[0], ref[1, 0].numpy(), atol=TOL, rtol=0)
 
 
 def test_cli_errors(tmp_path, models_dir, capsys):

@@ -36,6 +36,7 @@ def test_health_ready_models(client):
     assert models[SPEECH_NAME]["sample_rate"] == 16000
     # the frame alone: the front end's window is the frame (no history in the state)
     assert models[SPEECH_NAME]["frame_window"] == models[SPEECH_NAME]["frame_stride"] == 160
+    assert models[SPEECH_NAME]["feature_norm_s"] == 0.0
     assert models[LM_NAME]["kind"] == "lm"
     assert models[LM_NAME]["vocab"] == {"type": "bytes", "size": 258, "bos": 256, "eos": 257}
     # state: ssm (2 layers x 16 x 8 complex64) = 2048 bytes

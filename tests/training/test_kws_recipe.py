@@ -76,9 +76,11 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     # streamed recurrent form (history in the state) agrees with the offline forward
     win = tmp_path / "kws-window"
     argv_win = [a if a != str(out) else str(win) for a in argv]
-    # (with SpecAugment masks: training only, the exported model is the same network)
+    # (with SpecAugment masks: training only, the exported model is the same network; and with
+    # causal feature normalisation, whose state the streamed form carries too)
     assert main([*argv_win, "--steps", "2", "--frame-window", "640", "--init-from",
-                 str(out / "model"), "--freq-masks", "2", "--time-masks", "2"]) == 0  # fmt: skip
+                 str(out / "model"), "--freq-masks", "2", "--time-masks", "2",
+                 "--feature-norm-s", "0.5"]) == 0  # fmt: skip
     summary = json.loads((win / "summary.json").read_text())
     for form in ("complex64", "complex128"):
         assert summary["streaming"][form]["final_prediction_agreement"] == 1.0
@@ -86,6 +88,7 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     rec = load_recurrent(win / "model")
     assert (rec.config.window, rec.config.history) == (640, 320)
     assert rec.init_state(1)["frame_hist"].shape == (1, 320)
+    assert rec.config.feature_norm_s == 0.5 and rec.init_state(1)["feat_sum"].shape == (1, 40)
     assert main([*argv_win, "--steps", "1", "--frame-window", "100"]) == 2  # < frame stride
     assert "--frame-window must be 0 or >= --frame-stride" in capsys.readouterr().err
     assert main([*argv_win, "--steps", "1", "--freq-masks", "1", "--freq-mask-width", "41"]) == 2

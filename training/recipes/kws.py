@@ -73,6 +73,8 @@ class KWSOptions:
     frame_window: int = 0  # samples the front end sees per frame (0: the frame alone; 640:
     # 40 ms Hann windows overlapping by half, dlr_runtime/frontend.py)
     pool_window_s: float = 0.3  # head window time constant (s); 0 = running mean
+    feature_norm_s: float = 0.0  # causal mean subtraction from the front-end features, time
+    # constant (s); 0 = off (dlr_runtime/feature_norm.py)
     window_s: float = 2.4  # training window length
     epoch_windows: int = 19200  # training windows per epoch
     valid_clips: int = 1200  # valid clips scored per evaluation (0: all)
@@ -150,7 +152,7 @@ class WarpedFrontend:
 
 def frame_logits(model: DLRModel, feats: torch.Tensor) -> torch.Tensor:
     """Front-end features (B, F, D) -> class scores (B, F, C) (the rest of DLRModel.forward)."""
-    h = model.encoder.frame(feats)  # (B, F, H)
+    h = model.encoder.embed_features(feats)  # (B, F, H)
     for block in model.blocks:
         h = block(h)
     return model.head(h)
@@ -233,6 +235,7 @@ class KWSRecipe(Recipe):
             frontend=o.frontend,
             n_mels=o.n_mels,
             pool_window_s=o.pool_window_s,
+            feature_norm_s=o.feature_norm_s,
         )
         model = DLRModel(cfg, seed=self.seed)
         if o.frontend == "logmel" and o.vtlp:
