@@ -13,6 +13,10 @@ streams that have a run to compute; streams with runs of equal length share the 
 and every frame reaches the detector in stream order: computed frames as their class scores,
 skipped frames as the quiet posterior (`KeywordSpotter.skip`). Pre-roll frames re-fed after a reset
 are not pushed again (the detector saw them when they were skipped).
+
+`gated_scores(model, audio, gate)` is the same rule for one whole recorded stream, for
+evaluation: the rows the detector sees, with each skipped frame as scores whose softmax is the
+quiet posterior exactly, so `KeywordSpotter.run` over them makes the server's detections.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .kws import Detection, KeywordSpotter, KWSConfig
+from .kws import SILENCE, Detection, KeywordSpotter, KWSConfig
 from .vad import Gate, GateConfig, Run
 
 MAX_KEPT = 10000  # detections a listener keeps for the stream's final message
@@ -169,3 +173,27 @@ def feed_listening(
             )  # fmt: skip
         )
     return heard
+
+
+def gated_scores(model: Any, audio: np.ndarray, gate: GateConfig | None = None) -> np.ndarray:
+    """One whole stream (samples (L,)) through its gate and `model` (anything with `config`,
+    `init_state` and `chunk`, e.g. a `RecurrentModel`) as the server computes it -> (F, C) rows
+    for the detector: computed frames' class scores (pre-roll not repeated) and, for frames the
+    gate skipped, 0 for `_silence_` and -inf elsewhere (softmax: the quiet posterior)."""
+    cfg = model.config
+    if SILENCE not in cfg.labels:
+        raise ValueError(f"gated scoring needs a {SILENCE} label for the skipped frames")
+    quiet = np.full(len(cfg.labels), -np.inf)
+    quiet[cfg.labels.index(SILENCE)] = 0.0
+    state = model.init_state(1)
+    rows: list[np.ndarray] = [np.zeros((0, len(cfg.labels)))]
+    runs = Gate(cfg.frame_stride, cfg.sample_rate, gate).plan(np.asarray(audio, np.float32))
+    for step in _steps(runs, cfg.frame_stride):
+        if step.samples is None:
+            rows.append(np.broadcast_to(quiet, (step.skip, quiet.size)))
+            continue
+        if step.reset:
+            state = model.init_state(1)
+        y, state = model.chunk(torch.from_numpy(step.samples).unsqueeze(0), state)
+        rows.append(y[0, step.drop :].double().cpu().numpy())
+    return np.concatenate(rows)

@@ -20,6 +20,9 @@
    ``global_point`` keeps the shared threshold's results for comparison). With several
    ``--smooth-ms`` windows, the one detecting the most valid commands within the target is
    kept (``smoothing`` in eval.json lists each window's best point on the valid streams).
+   With ``--vad`` the streams go through the voice-activity gate first, as the server's
+   continuous mode runs them by default (frames the gate skips are silence to the detector, and
+   each opening restarts the model's state from its pre-roll).
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ class EvalOptions:
     per_command: bool = False  # one threshold per command (else one shared threshold)
     smooth_ms: tuple[float, ...] = ()  # smoothing windows to choose from on valid (): the model's
     write_operating_point: bool = False  # store the chosen point in MODEL_DIR's metadata
+    vad: bool = False  # streams through the voice-activity gate (its defaults), as the server's
+    # continuous mode computes them by default (dlr_runtime/listen.py gated_scores)
 
 
 @torch.no_grad()
@@ -238,7 +243,7 @@ def evaluate(model_dir: str | Path, opts: EvalOptions) -> dict[str, Any]:
 
 
 def _stream_eval(model, pools, rirs, seed, labels, frame_ms, base, opts, out) -> dict[str, Any]:
-    res: dict[str, Any] = {}
+    res: dict[str, Any] = {"vad": opts.vad}
     curves: dict[str, list[dict]] = {}
     per = {}
     for name, minutes in (("valid", opts.valid_stream_minutes), ("test", opts.stream_minutes)):
@@ -249,7 +254,7 @@ def _stream_eval(model, pools, rirs, seed, labels, frame_ms, base, opts, out) ->
             rirs,
             seed + (1 if name == "test" else 2),
         )
-        per[name] = [(stream_scores(model, s.audio), s) for s in streams]
+        per[name] = [(stream_scores(model, s.audio, gated=opts.vad), s) for s in streams]
         res[name] = {"hours": sum(s.hours for s in streams)}
     # the smoothing window: the one whose best threshold within the target detects the most
     # valid commands (ties: the shorter window, which fires sooner; none within the target:

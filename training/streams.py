@@ -103,15 +103,22 @@ def build_stream(
 
 
 @torch.no_grad()
-def stream_scores(model: torch.nn.Module, audio: np.ndarray, piece_s: float = 60.0) -> np.ndarray:
+def stream_scores(
+    model: torch.nn.Module, audio: np.ndarray, piece_s: float = 60.0, gated: bool = False
+) -> np.ndarray:
     """Per-frame class scores (T, C) of one long stream, via the recurrent form in pieces.
 
     The recurrent form is exact against the offline forward (tests/dlr_runtime), and chunks
-    keep memory bounded for hour-long audio.
+    keep memory bounded for hour-long audio. `gated`: through the voice-activity gate as the
+    server's continuous mode (`dlr_runtime.listen.gated_scores`; skipped frames score as
+    silence).
     """
     from dlr_runtime import to_recurrent
+    from dlr_runtime.listen import gated_scores
 
     rec = to_recurrent(model.cpu().eval(), dtype=torch.complex64)
+    if gated:
+        return gated_scores(rec, audio)
     state = rec.init_state(1)
     x = torch.from_numpy(audio).unsqueeze(0)
     step = int(piece_s * SAMPLE_RATE)

@@ -20,7 +20,7 @@ from dlr_runtime import DLRConfig, DLRModel, to_recurrent
 from dlr_runtime.backends import make_backend
 from dlr_runtime.engine import Engine
 from dlr_runtime.kws import KeywordSpotter, KWSConfig, detect
-from dlr_runtime.listen import Listener, feed_listening
+from dlr_runtime.listen import Listener, feed_listening, gated_scores
 from dlr_runtime.vad import Gate, GateConfig
 
 LABELS = ["yes", "no", "stop", "_silence_", "_unknown_"]
@@ -162,6 +162,21 @@ def test_gate_state_rule_is_exact(model):
     assert dets == lis.detections
     assert dets, "the test model should fire at this threshold"
     assert lis.spotter.snapshot() == spot.snapshot()
+
+
+def test_gated_scores_make_the_listeners_detections(model):
+    """The evaluation's whole-stream twin of the listening path: the detector run over
+    `gated_scores` fires exactly as the chunked Listener does (gate on and off)."""
+    eng = make_engine(model)
+    x = stream()
+    for gate in (GateConfig(), GateConfig(enabled=False)):
+        lis, heard, _ = listen(eng, x, 7, kws_config(), gate)
+        rows = gated_scores(model, x, gate)
+        assert rows.shape == (x.size // STRIDE, len(LABELS))
+        dets = KeywordSpotter(LABELS, 10.0, kws_config()).run(rows)
+        assert same(dets, lis.detections) and dets
+        skipped = np.isinf(rows).any(axis=1)
+        assert int(skipped.sum()) == sum(h.skipped for h in heard)
 
 
 def test_chunking_does_not_change_anything(model):

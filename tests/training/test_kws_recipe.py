@@ -110,6 +110,17 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     n = sum(c["commands"] for c in streams["test_per_command"].values())
     assert n == streams["test_at_operating_point"]["commands"]
     assert load_checkpoint(out / "model").checkpoint_metadata["detection"] == point  # untouched
+    # the streams through the voice-activity gate, as the server's continuous mode runs them
+    gated = tmp_path / "gated"
+    rc = eval_main(
+        ["speech", str(out / "model"), "--cache-dir", str(tmp_path / "cache"), "--max-clips", "8",
+         "--silence-clips", "4", "--stream-minutes", "0.5", "--valid-stream-minutes", "0.5",
+         "--stream-piece-minutes", "0.5", "--fa-target", "60", "--out", str(gated), "--vad"]
+    )  # fmt: skip
+    assert rc == 0
+    g = json.loads((gated / "eval.json").read_text())["streams"]
+    assert g["vad"] is True and streams["vad"] is False
+    assert g["test"]["hours"] == streams["test"]["hours"]  # the same streams, gated
 
     # the card: the model, its evaluation and every command behind it, from the run's records
     notes, commands = tmp_path / "notes.md", tmp_path / "commands.txt"
