@@ -164,7 +164,8 @@ def plot_det(curves: dict[str, list[dict]], path: Path, fa_target: float) -> Non
     plt.close(fig)
 
 
-def _streams(pool: WordPool, minutes: float, piece: float, rirs, seed: int) -> list:
+def eval_streams(pool: WordPool, minutes: float, piece: float, rirs, seed: int) -> list:
+    """The evaluation's streams of `pool`'s voices: `minutes` in pieces of `piece` minutes."""
     n = max(1, int(round(minutes / piece))) if minutes > 0 else 0
     return [build_stream(pool, min(piece, minutes), rirs, seed + 1000 * k) for k in range(n)]
 
@@ -247,7 +248,7 @@ def _stream_eval(model, pools, rirs, seed, labels, frame_ms, base, opts, out) ->
     curves: dict[str, list[dict]] = {}
     per = {}
     for name, minutes in (("valid", opts.valid_stream_minutes), ("test", opts.stream_minutes)):
-        streams = _streams(
+        streams = eval_streams(
             pools[name],
             minutes,
             opts.stream_piece_minutes,

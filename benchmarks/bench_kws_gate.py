@@ -1,0 +1,132 @@
+"""What the voice-activity gate costs a keyword model in recall, and what it saves in compute.
+
+The server's continuous mode gates the model by default (`dlr_runtime/vad.py`): frames the
+gate calls silence are not computed, and each opening restarts the model's state from a short
+pre-roll. This runs the evaluation's valid streams (the voices the operating point is chosen
+on; `dlr-eval speech`, the same seeds) through the gate at several settings, exactly as the
+server computes them (`dlr_runtime.listen.gated_scores`), and reports per setting:
+
+- the share of frames the model computes (the gate's saving; ungated = 100 %);
+- recall and false accepts per hour at the model's stored operating point;
+- the best recall within ``--fa-target`` false accepts per hour over the evaluation's
+  thresholds, at the stored smoothing window.
+
+    python -m benchmarks.bench_kws_gate [--model models/speech-commands] [--minutes 60]
+        [--fa-target 10] [--results benchmarks/RESULTS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+import torch
+
+from benchmarks.harness import append_results
+from dlr_runtime import load_checkpoint, to_recurrent
+from dlr_runtime.kws import KWSConfig
+from dlr_runtime.listen import gated_scores
+from dlr_runtime.vad import GateConfig
+from training.data.rooms import rir_bank
+from training.eval_speech import eval_streams, sweep
+from training.operating_point import global_point
+from training.recipes.kws import KWSOptions, load_split
+from training.streams import score
+
+SETTINGS: dict[str, GateConfig] = {  # name -> gate (the first is the server's default)
+    "default (margin 8 dB, pre-roll 200 ms, hangover 400 ms)": GateConfig(),
+    "pre-roll 500 ms": GateConfig(preroll_ms=500.0),
+    "hangover 800 ms": GateConfig(hangover_ms=800.0),
+    "margin 5 dB": GateConfig(margin_db=5.0),
+    "margin 5 dB, pre-roll 500 ms, hangover 800 ms": GateConfig(
+        margin_db=5.0, preroll_ms=500.0, hangover_ms=800.0
+    ),
+    "no gate": GateConfig(enabled=False),
+}
+
+
+@dataclass(frozen=True)
+class GateRow:
+    setting: str
+    computed: float  # share of frames computed
+    recall: float  # at the stored operating point
+    fa_per_hour: float
+    best_recall: float  # best within the FA target
+    best_threshold: float
+    best_fa_per_hour: float
+
+
+def measure(model_dir: str, minutes: float, fa_target: float) -> tuple[list[GateRow], KWSConfig]:
+    model = load_checkpoint(model_dir).eval()
+    meta = model.checkpoint_metadata
+    training = meta.get("training", {})
+    kws = training.get("recipe_options", {}).get("kws", {})
+    seed = int(training.get("train", {}).get("seed", 0))
+    pools = load_split(KWSOptions(split=kws.get("split", "final")), seed)
+    rirs = rir_bank(KWSOptions().cache_dir, seed=seed)
+    streams = eval_streams(pools["valid"], minutes, 5.0, rirs, seed + 2)  # as dlr-eval's valid
+    rec = to_recurrent(model, dtype=torch.complex64)
+    labels = list(model.config.labels)
+    frame_ms = 1000 * model.config.frame_stride / model.config.sample_rate
+    point = KWSConfig.from_metadata(meta)
+    rows = []
+    for name, gate in SETTINGS.items():
+        per = [(gated_scores(rec, s.audio, gate), s) for s in streams]
+        frames = sum(len(p) for p, _ in per)
+        computed = sum(int(np.isfinite(p).all(axis=1).sum()) for p, _ in per)
+        at = score(per, labels, frame_ms, point)
+        best = global_point(sweep(per, labels, frame_ms, replace(point, keywords={})), fa_target)
+        rows.append(
+            GateRow(
+                name,
+                computed / frames,
+                at.recall,
+                at.fa_per_hour,
+                best.recall,
+                best.threshold,
+                best.fa_per_hour,
+            )
+        )
+        print(asdict(rows[-1]), flush=True)
+    return rows, point
+
+
+def table(rows: list[GateRow], point: KWSConfig, fa_target: float) -> str:
+    lines = [
+        f"| gate | frames computed | recall at {point.threshold:g} / {point.smooth_ms:g} ms "
+        f"(FA/h) | best recall within {fa_target:g} FA/h (threshold, FA/h) |",
+        "|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.setting} | {100 * r.computed:.0f} % | {100 * r.recall:.1f} % "
+            f"({r.fa_per_hour:.0f}) | {100 * r.best_recall:.1f} % "
+            f"({r.best_threshold:g}, {r.best_fa_per_hour:.0f}) |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="models/speech-commands")
+    p.add_argument("--minutes", type=float, default=60.0, help="minutes of valid streams")
+    p.add_argument("--fa-target", type=float, default=10.0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--results", default=None, help="append the table to this file")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    rows, point = measure(args.model, args.minutes, args.fa_target)
+    body = table(rows, point, args.fa_target)
+    print(body)
+    append_results(
+        args.results,
+        f"Voice-activity gate vs keyword recall ({args.model}, valid streams)",
+        f"{args.minutes:g} min of the evaluation's valid streams (`dlr-eval speech`'s seeds), "
+        "each through the gate as the server's continuous mode computes it "
+        "(`dlr_runtime.listen.gated_scores`).\n\n" + body,
+    )
+
+
+if __name__ == "__main__":
+    main()
