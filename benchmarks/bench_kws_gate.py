@@ -3,7 +3,7 @@
 The server's continuous mode gates the model by default (`dlr_runtime/vad.py`): frames the
 gate calls silence are not computed, and each opening restarts the model's state from a short
 pre-roll. This runs the evaluation's valid streams (the voices the operating point is chosen
-on; `dlr-eval speech`, the same seeds) through the gate at several settings, exactly as the
+on; `dlr-eval speech`, the same seeds; ``--voices test`` to confirm a choice) through the gate at several settings, exactly as the
 server computes them (`dlr_runtime.listen.gated_scores`), and reports per setting:
 
 - the share of frames the model computes (the gate's saving; ungated = 100 %);
@@ -12,7 +12,7 @@ server computes them (`dlr_runtime.listen.gated_scores`), and reports per settin
   thresholds, at the stored smoothing window.
 
     python -m benchmarks.bench_kws_gate [--model models/speech-commands] [--minutes 60]
-        [--fa-target 10] [--results benchmarks/RESULTS.md]
+        [--fa-target 10] [--voices valid|test] [--results benchmarks/RESULTS.md]
 """
 
 from __future__ import annotations
@@ -57,7 +57,9 @@ class GateRow:
     best_fa_per_hour: float
 
 
-def measure(model_dir: str, minutes: float, fa_target: float) -> tuple[list[GateRow], KWSConfig]:
+def measure(
+    model_dir: str, minutes: float, fa_target: float, voices: str = "valid"
+) -> tuple[list[GateRow], KWSConfig]:
     model = load_checkpoint(model_dir).eval()
     meta = model.checkpoint_metadata
     training = meta.get("training", {})
@@ -65,7 +67,8 @@ def measure(model_dir: str, minutes: float, fa_target: float) -> tuple[list[Gate
     seed = int(training.get("train", {}).get("seed", 0))
     pools = load_split(KWSOptions(split=kws.get("split", "final")), seed)
     rirs = rir_bank(KWSOptions().cache_dir, seed=seed)
-    streams = eval_streams(pools["valid"], minutes, 5.0, rirs, seed + 2)  # as dlr-eval's valid
+    offset = 2 if voices == "valid" else 1  # dlr-eval's seeds of its valid / test streams
+    streams = eval_streams(pools[voices], minutes, 5.0, rirs, seed + offset)
     rec = to_recurrent(model, dtype=torch.complex64)
     labels = list(model.config.labels)
     frame_ms = 1000 * model.config.frame_stride / model.config.sample_rate
@@ -112,17 +115,24 @@ def main() -> None:
     p.add_argument("--model", default="models/speech-commands")
     p.add_argument("--minutes", type=float, default=60.0, help="minutes of valid streams")
     p.add_argument("--fa-target", type=float, default=10.0)
+    p.add_argument(
+        "--voices",
+        choices=("valid", "test"),
+        default="valid",
+        help="whose streams: valid (where settings are chosen) or test (to confirm a choice)",
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--results", default=None, help="append the table to this file")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    rows, point = measure(args.model, args.minutes, args.fa_target)
+    rows, point = measure(args.model, args.minutes, args.fa_target, args.voices)
     body = table(rows, point, args.fa_target)
     print(body)
     append_results(
         args.results,
-        f"Voice-activity gate vs keyword recall ({args.model}, valid streams)",
-        f"{args.minutes:g} min of the evaluation's valid streams (`dlr-eval speech`'s seeds), "
+        f"Voice-activity gate vs keyword recall ({args.model}, {args.voices} streams)",
+        f"{args.minutes:g} min of the evaluation's {args.voices} streams (`dlr-eval speech`'s "
+        "seeds), "
         "each through the gate as the server's continuous mode computes it "
         "(`dlr_runtime.listen.gated_scores`).\n\n" + body,
     )
