@@ -7,8 +7,8 @@ layout of the state differs: the complex SSM state is carried as two float tenso
     "ssm_re", "ssm_im"   (B, L, H, N) float32 (or float64 for a float64 export)
 
 next to the same "frame_buf"/"frame_fill"/"frame_hist" (audio), "feat_sum"/"feat_count"
-(feature normalisation) and "mean_sum"/"mean_count" (classifier) tensors as `RecurrentModel` (`state_spec.split_complex`). `from_canonical` / `to_canonical`
-convert between the two.
+(feature normalisation) and "mean_sum"/"mean_count" (classifier) tensors as `RecurrentModel`
+(`state_spec.split_complex`). `from_canonical` / `to_canonical` convert between the two.
 
 State tensors are torch tensors on the backend's device and are bound to the ONNX Runtime
 session by pointer (io-binding), inputs and outputs both, so with the CUDA execution provider

@@ -109,12 +109,8 @@ class RealCore(nn.Module):
         if f.dim() == 2:
             g, fs, fc = normalise_step(f, feat_sum, feat_count, self.norm_decay)
             return self.encoder.frame(g), fs, fc
-        t = f.shape[1]
-        w, carry = self.norm_w[:t, :t], self.norm_carry[:t]  # (T, T), (T,)
-        f64 = f.to(torch.float64)
-        sums = torch.einsum("ts,bsf->btf", w, f64) + carry.view(1, -1, 1) * feat_sum.unsqueeze(1)
-        counts = w.sum(-1).unsqueeze(0) + carry.unsqueeze(0) * feat_count.unsqueeze(1)  # (B, T)
-        g = (f64 - sums / counts.unsqueeze(-1)).to(self.dtype)  # (B, T, F)
+        sums, counts = _decayed_sums(f, feat_sum, feat_count, self.norm_w, self.norm_carry)
+        g = (f.to(torch.float64) - sums / counts.unsqueeze(-1)).to(self.dtype)  # (B, T, F)
         return self.encoder.frame(g), sums[:, -1], counts[:, -1]
 
     def _post(self, pw: nn.Module, h: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -198,12 +194,8 @@ class RealCore(nn.Module):
         self, f: torch.Tensor, mean_sum: torch.Tensor, mean_count: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Features f (B, T, H) -> scores (B, T, C), new mean_sum (B, H), mean_count (B,)."""
-        if self.head.decay != 1.0:  # exponential window: S_t = a^(t+1) S0 + sum a^(t-s) f_s
-            t = f.shape[1]
-            w, carry = self.pool_w[:t, :t], self.pool_carry[:t]  # (T, T), (T,)
-            sums = torch.einsum("ts,bsh->bth", w, f.to(torch.float64))
-            sums = sums + carry.view(1, -1, 1) * mean_sum.unsqueeze(1)  # (B, T, H)
-            counts = w.sum(-1).unsqueeze(0) + carry.unsqueeze(0) * mean_count.unsqueeze(1)
+        if self.head.decay != 1.0:  # exponential window
+            sums, counts = _decayed_sums(f, mean_sum, mean_count, self.pool_w, self.pool_carry)
         else:
             sums = mean_sum.unsqueeze(1) + torch.cumsum(f.to(torch.float64), dim=1)  # (B, T, H)
             steps = torch.cumsum(torch.ones_like(f[0, :, 0], dtype=torch.float64), dim=0)  # (T,)
@@ -214,6 +206,21 @@ class RealCore(nn.Module):
     def scores(self, mean_sum: torch.Tensor, mean_count: torch.Tensor) -> torch.Tensor:
         mean = mean_sum / mean_count.clamp(min=1).unsqueeze(-1)  # (B, H) float64
         return self.head.proj(mean.to(self.dtype))  # (B, C)
+
+
+def _decayed_sums(
+    f: torch.Tensor, s0: torch.Tensor, c0: torch.Tensor, w: torch.Tensor, carry: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`heads.pool_block` with precomputed tables w (Tm, Tm), carry (Tm,) sliced to T:
+    f (B, T, D), s0 (B, D), c0 (B,) -> sums (B, T, D), counts (B, T), float64;
+    S_t = a^(t+1) S0 + sum_{s<=t} a^(t-s) f_s."""
+    t = f.shape[1]
+    w, carry = w[:t, :t], carry[:t]  # (T, T), (T,)
+    sums = torch.einsum("ts,bsd->btd", w, f.to(torch.float64)) + carry.view(
+        1, -1, 1
+    ) * s0.unsqueeze(1)
+    counts = w.sum(-1).unsqueeze(0) + carry.unsqueeze(0) * c0.unsqueeze(1)
+    return sums, counts
 
 
 def _chunk_tables(
