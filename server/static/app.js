@@ -172,9 +172,9 @@ async function startMic() {
   $("final-label").textContent = "–";
   clearDetections();
   try {
-    mic.stream = await navigator.mediaDevices.getUserMedia({
-      audio: { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false },
-    });
+    // The audio graph is built (worklet loaded, context running) before the microphone opens,
+    // and the microphone is connected as soon as it is granted: what a user says right after
+    // pressing the button is captured, not lost while the worklet loads.
     mic.ctx = new AudioContext();
     await mic.ctx.audioWorklet.addModule("pcm-worklet.js");
     await mic.ctx.resume();
@@ -184,7 +184,11 @@ async function startMic() {
     });
     const mute = mic.ctx.createGain();
     mute.gain.value = 0; // keep the node in the rendered graph without playing the mic back
-    mic.ctx.createMediaStreamSource(mic.stream).connect(mic.node).connect(mute).connect(mic.ctx.destination);
+    mic.node.connect(mute).connect(mic.ctx.destination);
+    mic.stream = await navigator.mediaDevices.getUserMedia({
+      audio: { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false },
+    });
+    mic.ctx.createMediaStreamSource(mic.stream).connect(mic.node);
     openSpeechSocket(rate);
     mic.node.port.onmessage = (e) => {
       if (mic.ws && mic.ready && mic.ws.readyState === WebSocket.OPEN) {

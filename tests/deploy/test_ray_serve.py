@@ -27,6 +27,11 @@ import pytest
 # every Ray process on the loopback address (the head would otherwise advertise the host's IP)
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ["RAY_SERVE_SESSION_ID_HEADER_KEY"] = "x-dlr-session-id"  # the affinity key
+# Serve's controller kills a proxy whose ready check (5 s) or health checks (10 s, three in a
+# row) time out; on 2 loaded cores a healthy proxy missed them (ActorDiedError in serve.start),
+# so the proxy gets the same patience as the rest of the start-up.
+os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")
 pytest.importorskip("ray.serve", reason="ray[serve] is not installed (pip install -e .[ray])")
 
 import ray  # noqa: E402
