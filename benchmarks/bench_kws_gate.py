@@ -9,7 +9,10 @@ server computes them (`dlr_runtime.listen.gated_scores`), and reports per settin
 - the share of frames the model computes (the gate's saving; ungated = 100 %);
 - recall and false accepts per hour at the model's stored operating point;
 - the best recall within ``--fa-target`` false accepts per hour over the evaluation's
-  thresholds, at the stored smoothing window.
+  thresholds, at the stored smoothing window;
+- where the recall goes: the share of commands during which the gate computed no frame at all
+  (the voice detector missed the word), and the recall at the stored point on the commands it
+  did open for (against the ungated recall, what the state reset and pre-roll cost).
 
     python -m benchmarks.bench_kws_gate [--model models/speech-commands] [--minutes 60]
         [--fa-target 10] [--voices valid|test] [--results benchmarks/RESULTS.md]
@@ -25,14 +28,15 @@ import torch
 
 from benchmarks.harness import append_results
 from dlr_runtime import load_checkpoint, to_recurrent
-from dlr_runtime.kws import KWSConfig
+from dlr_runtime.kws import KeywordSpotter, KWSConfig
 from dlr_runtime.listen import gated_scores
 from dlr_runtime.vad import GateConfig
 from training.data.rooms import rir_bank
+from training.data.sc12 import SIL
 from training.eval_speech import eval_streams, sweep
 from training.operating_point import global_point
 from training.recipes.kws import KWSOptions, load_split
-from training.streams import score
+from training.streams import Stream, match, score
 
 SETTINGS: dict[str, GateConfig] = {  # name -> gate (the first is the server's default)
     "default (margin 8 dB, pre-roll 200 ms, hangover 400 ms)": GateConfig(),
@@ -46,6 +50,40 @@ SETTINGS: dict[str, GateConfig] = {  # name -> gate (the first is the server's d
 }
 
 
+def opened(scores: np.ndarray, stream: Stream, stride: int) -> list[bool]:
+    """Per command of `stream` (in order): did the gate compute any frame while it was spoken?"""
+    computed = np.isfinite(scores).all(axis=1)  # (F,) skipped frames carry -inf
+    return [
+        bool(computed[e.start // stride : e.end // stride + 1].any())
+        for e in stream.events
+        if e.label < SIL
+    ]
+
+
+def recall_split(
+    per: list[tuple[np.ndarray, Stream]],
+    labels: list[str],
+    frame_ms: float,
+    point: KWSConfig,
+    stride: int,
+) -> tuple[float, float]:
+    """(share of commands the gate never opened on, recall at `point` on the rest)."""
+    total = unopened = found = 0
+    for scores, stream in per:
+        cmds = [e for e in stream.events if e.label < SIL]
+        was_open = opened(scores, stream, stride)
+        hits = {
+            id(e)
+            for e in match(
+                KeywordSpotter(labels, frame_ms, point).run(scores), stream.events, labels
+            ).hits
+        }
+        total += len(cmds)
+        unopened += was_open.count(False)
+        found += sum(1 for e, o in zip(cmds, was_open, strict=True) if o and id(e) in hits)
+    return unopened / max(1, total), found / max(1, total - unopened)
+
+
 @dataclass(frozen=True)
 class GateRow:
     setting: str
@@ -55,6 +93,8 @@ class GateRow:
     best_recall: float  # best within the FA target
     best_threshold: float
     best_fa_per_hour: float
+    unopened: float  # share of commands with no frame computed between start and end
+    recall_opened: float  # recall at the stored point on the other commands
 
 
 def measure(
@@ -80,6 +120,9 @@ def measure(
         computed = sum(int(np.isfinite(p).all(axis=1).sum()) for p, _ in per)
         at = score(per, labels, frame_ms, point)
         best = global_point(sweep(per, labels, frame_ms, replace(point, keywords={})), fa_target)
+        unopened, recall_opened = recall_split(
+            per, labels, frame_ms, point, model.config.frame_stride
+        )
         rows.append(
             GateRow(
                 name,
@@ -89,6 +132,8 @@ def measure(
                 best.recall,
                 best.threshold,
                 best.fa_per_hour,
+                unopened,
+                recall_opened,
             )
         )
         print(asdict(rows[-1]), flush=True)
@@ -98,14 +143,16 @@ def measure(
 def table(rows: list[GateRow], point: KWSConfig, fa_target: float) -> str:
     lines = [
         f"| gate | frames computed | recall at {point.threshold:g} / {point.smooth_ms:g} ms "
-        f"(FA/h) | best recall within {fa_target:g} FA/h (threshold, FA/h) |",
-        "|---|---:|---:|---:|",
+        f"(FA/h) | best recall within {fa_target:g} FA/h (threshold, FA/h) "
+        "| commands the gate never opened on | recall on the others |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r.setting} | {100 * r.computed:.0f} % | {100 * r.recall:.1f} % "
             f"({r.fa_per_hour:.0f}) | {100 * r.best_recall:.1f} % "
-            f"({r.best_threshold:g}, {r.best_fa_per_hour:.0f}) |"
+            f"({r.best_threshold:g}, {r.best_fa_per_hour:.0f}) | {100 * r.unopened:.1f} % "
+            f"| {100 * r.recall_opened:.1f} % |"
         )
     return "\n".join(lines)
 
