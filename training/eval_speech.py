@@ -171,10 +171,14 @@ def eval_streams(pool: WordPool, minutes: float, piece: float, rirs, seed: int) 
 
 
 def sweep(
-    per_stream: list, labels: list[str], frame_ms: float, base: KWSConfig
+    per_stream: list,
+    labels: list[str],
+    frame_ms: float,
+    base: KWSConfig,
+    thresholds: tuple[float, ...] = THRESHOLDS,
 ) -> list[StreamScore]:
     out = []
-    for t in THRESHOLDS:
+    for t in thresholds:
         cfg = KWSConfig(**{**asdict(base), "threshold": t, "keywords": {}})
         out.append(score(per_stream, labels, frame_ms, cfg))
     return out
