@@ -13,7 +13,8 @@ server computes them (`dlr_runtime.listen.gated_scores`), and reports per settin
   window;
 - where the recall goes: the share of commands during which the gate computed no frame at all
   (the voice detector missed the word), and the recall at the stored point on the commands it
-  did open for (against the ungated recall, what the state reset and pre-roll cost).
+  did open for (against the ungated recall, what happens once it is open costs: the state
+  reset, the pre-roll, and a hangover that closes before the detector fires).
 
     python -m benchmarks.bench_kws_gate [--model models/speech-commands] [--minutes 60]
         [--fa-target 10] [--voices valid|test] [--results benchmarks/RESULTS.md]
