@@ -5,14 +5,14 @@
 `Listener.restore()` round-trip it as plain JSON values, next to the slot's state snapshot.
 
 `feed_listening(engine, slots, listeners, chunks)` runs on the engine thread: each stream's gate
-turns its chunk of whole frames into runs (compute after a reset / skip, see vad.py), computed
-runs are fed whole (cutting them into power-of-two pieces, so that equal pieces of streams share
+turns its chunk of whole frames into runs (compute, after a reset when the gate resets, or skip;
+see vad.py), computed runs are fed whole (cutting them into power-of-two pieces, so that equal pieces of streams share
 a call, cost 1.4x the CPU of speaking streams in benchmarks/bench_kws.py: more, smaller calls);
 the runs of every stream are fed round by round (each round one `engine.feed_audio` call for all
 streams that have a run to compute; streams with runs of equal length share the backend call),
 and every frame reaches the detector in stream order: computed frames as their class scores,
-skipped frames as the quiet posterior (`KeywordSpotter.skip`). Pre-roll frames re-fed after a reset
-are not pushed again (the detector saw them when they were skipped).
+skipped frames as the quiet posterior (`KeywordSpotter.skip`). Pre-roll frames fed when the gate
+opens are not pushed again (the detector saw them when they were skipped).
 
 `gated_scores(model, audio, gate)` is the same rule for one whole recorded stream, for
 evaluation: the rows the detector sees, with each skipped frame as scores whose softmax is the
@@ -94,7 +94,7 @@ class Listener:
 
 @dataclass(frozen=True)
 class _Step:
-    """One run: compute `samples` (after a reset) and push all but the first `drop` rows
+    """One run: compute `samples` (after a reset if set) and push all but the first `drop` rows
     (the re-fed pre-roll) to the detector, or skip `skip` frames."""
 
     samples: np.ndarray | None = None
@@ -104,7 +104,7 @@ class _Step:
 
 
 def _steps(runs: list[Run], stride: int) -> list[_Step]:
-    """One step per run: compute it whole (after a reset, its pre-roll `lead` frames are
+    """One step per run: compute it whole (on opening, its pre-roll `lead` frames are
     computed but not pushed again), or skip it."""
     steps: list[_Step] = []
     for run in runs:

@@ -44,7 +44,11 @@ from training.operating_point import ChosenPoint, choose_point, global_point
 from training.recipes.kws import KWSOptions, load_split
 from training.streams import StreamScore, build_stream, score, stream_scores
 
-THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0.995)
+THRESHOLDS = (
+    0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8,
+    0.85, 0.86, 0.87, 0.88, 0.89, 0.9, 0.91, 0.92, 0.93,
+    0.95, 0.97, 0.98, 0.99, 0.995,
+)  # fmt: skip
 DET_TARGETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0)  # FA/h targets of the per-command DET line
 
 

@@ -76,6 +76,16 @@ def _voice_table(ev: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def _gated(ev: dict[str, Any]) -> str:
+    """How the streams were computed: through the server's voice-activity gate or not."""
+    if ev.get("streams", {}).get("vad"):
+        return (
+            ", through the voice-activity gate of the server's continuous mode "
+            "(`dlr-eval speech --vad`, `dlr_runtime/vad.py`)"
+        )
+    return ", every frame computed (the server's continuous mode gates by default: `--vad`)"
+
+
 def _stream_table(ev: dict[str, Any]) -> str:
     st = ev["streams"]
     rows = [
@@ -299,7 +309,7 @@ Detection operating point (checkpoint metadata `"detection"`, read by
 `dlr_runtime.kws.KWSConfig.from_metadata`; the decision rule is `dlr_runtime.kws.KeywordSpotter`):
 threshold {point.get("threshold")}{per_command}, smoothing {point.get("smooth_ms")} ms, refractory {point.get("refractory_ms")} ms,
 re-arm below {point.get("rearm")} x threshold; chosen {chosen_by} <= {ev["streams"].get("fa_target", GOAL_FA):g} false
-accepts per hour on the *valid* streams (never on test).
+accepts per hour on the *valid* streams (never on test){_gated(ev)}.
 
 Files: `model.safetensors` + `config.json`, `curves.png`, `metrics.csv`, `eval/eval.json`,
 `eval/confusion.png`, `eval/det.png`.
@@ -393,7 +403,7 @@ the mixes):
 
 Held-out voices only (`training/streams.py`): commands, unknown words and pauses at random gaps
 (0.4-4 s, sometimes 2-8 s) over changing backgrounds (noise colours, hum, babble at 5-30 dB SNR),
-room and channel augmentation; scored with the decision rule above. A detection counts when its
+room and channel augmentation; scored with the decision rule above{_gated(ev)}. A detection counts when its
 label matches a command being spoken or one that ended at most 1.2 s earlier; anything else is
 a false accept.
 

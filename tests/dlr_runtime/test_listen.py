@@ -1,16 +1,19 @@
 """Continuous listening (dlr_runtime.listen + vad): the gate's state rule is exact.
 
 - `KeywordSpotter.skip(n)` is bit-identical to n pushes of the quiet posterior;
-- a gated stream computes each open segment exactly as a fresh ungated stream of that
-  segment's audio (pre-roll included): float64 / complex128 rows to 1e-10 against the plain
-  recurrent chunk from a zero state, and the detections equal a plain loop of the detector over
-  (quiet posterior for skipped frames, reference rows for computed ones);
+- a gated stream computes, with ``on_open="resume"`` (the default), the frames the gate lets
+  through once each and in order from one state, and with ``"reset"`` each open segment as a
+  fresh ungated stream of that segment's audio (pre-roll included): float64 / complex128 rows
+  to 1e-10 against the plain recurrent chunk, and the detections equal a plain loop of the
+  detector over (quiet posterior for skipped frames, reference rows for computed ones);
 - decisions, detections and the listener's snapshot do not depend on the chunking;
 - the gate disabled == the ungated model on the whole stream; snapshot/restore mid-stream
   continues exactly.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import pytest
@@ -127,26 +130,49 @@ def test_skip_equals_quiet_pushes():
         a.restore(c.snapshot())
 
 
-def test_gate_state_rule_is_exact(model):
-    """Each open segment == a fresh ungated stream of its audio; detections == plain loop."""
+def fed_frames(x: np.ndarray, chunk_frames: int, gate_cfg: GateConfig) -> list[range]:
+    """The frames of `x` each computed run covers (pre-roll included), from a plain gate loop."""
+    gate, pos, out = Gate(STRIDE, RATE, gate_cfg), 0, []
+    for i in range(0, x.size, chunk_frames * STRIDE):
+        for run in gate.plan(x[i : i + chunk_frames * STRIDE]):
+            if run.feed:
+                out.append(range(pos - run.lead, pos + run.frames))
+            pos += run.frames
+    return out
+
+
+@pytest.mark.parametrize("on_open", ["resume", "reset"])
+def test_gate_state_rule_is_exact(model, on_open):
+    """resume: the state runs over the computed frames, each once and in order; reset: each
+    open segment == a fresh ungated stream of its audio. Detections == plain loop."""
     eng = make_engine(model)
     x = stream()
-    lis, heard, log = listen(eng, x, 7, kws_config())
+    gate_cfg = GateConfig(on_open=on_open)
+    lis, heard, log = listen(eng, x, 7, kws_config(), gate_cfg)
     # most of the 4 s of quiet is not computed: the 1 s before the first word and the 1.5 s
     # and 1.2 s gaps, less the 0.6 s hangover after each word (250 of 400 frames)
     assert sum(h.skipped for h in heard) >= 250
     assert sum(h.computed for h in heard) < 0.6 * (x.size // STRIDE)
-    # reference: every feed after a reset starts a fresh state; plain chunk from zero
-    state, n_resets = None, 0
+    fed = np.concatenate([samples for kind, _, samples, _ in log if kind == "feed"])
+    spans = fed_frames(x, 7, gate_cfg)
+    assert fed.size == sum(len(r) for r in spans) * STRIDE
+    assert np.array_equal(
+        fed, np.concatenate([x[r.start * STRIDE : r.stop * STRIDE] for r in spans])
+    )
+    if on_open == "resume":  # no frame twice, in order
+        assert all(a.stop <= b.start for a, b in itertools.pairwise(spans))
+    # reference: plain chunk from zero, restarted at each reset
+    state, n_resets = model.init_state(1), 0
     for kind, _, samples, y in log:
         if kind == "reset":
             state, n_resets = model.init_state(1), n_resets + 1
             continue
         ref, state = model.chunk(torch.from_numpy(samples).double().unsqueeze(0), state)
         assert torch.allclose(y.double(), ref[0], atol=F64_TOL, rtol=0), "segment row mismatch"
-    assert n_resets == 2  # the 0.3 s gap is inside the 0.6 s hangover: segments 2 and 3 merge
+    # the 0.3 s gap is inside the 0.6 s hangover: segments 2 and 3 merge
+    assert n_resets == (2 if on_open == "reset" else 0)
     # the detector over (quiet for skipped, computed rows without pre-roll) in a plain loop
-    gate = Gate(STRIDE, RATE)
+    gate = Gate(STRIDE, RATE, gate_cfg)
     spot = KeywordSpotter(LABELS, 10.0, kws_config())
     dets = []
     feeds = iter([e for e in log if e[0] == "feed"])
@@ -168,10 +194,10 @@ def test_gate_state_rule_is_exact(model):
 
 def test_gated_scores_make_the_listeners_detections(model):
     """The evaluation's whole-stream twin of the listening path: the detector run over
-    `gated_scores` fires exactly as the chunked Listener does (gate on and off)."""
+    `gated_scores` fires exactly as the chunked Listener does (gate on, either way, and off)."""
     eng = make_engine(model)
     x = stream()
-    for gate in (GateConfig(), GateConfig(enabled=False)):
+    for gate in (GateConfig(), GateConfig(on_open="reset"), GateConfig(enabled=False)):
         lis, heard, _ = listen(eng, x, 7, kws_config(), gate)
         rows = gated_scores(model, x, gate)
         assert rows.shape == (x.size // STRIDE, len(LABELS))
@@ -181,10 +207,12 @@ def test_gated_scores_make_the_listeners_detections(model):
         assert int(skipped.sum()) == sum(h.skipped for h in heard)
 
 
-def test_chunking_does_not_change_anything(model):
+@pytest.mark.parametrize("on_open", ["resume", "reset"])
+def test_chunking_does_not_change_anything(model, on_open):
     eng = make_engine(model)
     x = stream()
-    runs = [listen(eng, x, n, kws_config())[0] for n in (1, 2, 10, 64, 1000)]
+    gate = GateConfig(on_open=on_open)
+    runs = [listen(eng, x, n, kws_config(), gate)[0] for n in (1, 2, 10, 64, 1000)]
     first = runs[0]
     for lis in runs[1:]:
         assert same(lis.detections, first.detections)
@@ -200,12 +228,14 @@ def test_gate_disabled_equals_ungated_stream(model):
     assert same(lis.detections, detect(ref[0].numpy(), LABELS, 10.0, kws_config()))
 
 
-def test_snapshot_restore_mid_stream_continues_exactly(model):
+@pytest.mark.parametrize("on_open", ["resume", "reset"])
+def test_snapshot_restore_mid_stream_continues_exactly(model, on_open):
     eng = make_engine(model)
     x = stream()
-    whole, _, _ = listen(eng, x, 8, kws_config())
+    gate = GateConfig(on_open=on_open)
+    whole, _, _ = listen(eng, x, 8, kws_config(), gate)
     slot = eng.open()
-    lis = Listener(LABELS, STRIDE, RATE, kws_config())
+    lis = Listener(LABELS, STRIDE, RATE, kws_config(), gate)
     cut = 175 * STRIDE  # inside the first voiced segment's hangover
     feed_listening(eng, [slot], [lis], [torch.from_numpy(x[:cut])])
     blob, snap = eng.snapshot(slot), lis.snapshot()
@@ -261,6 +291,38 @@ def test_gate_snapshot_round_trip_mid_noise():
     frames = lambda runs: [f for feed, n, _, _ in runs for f in [feed] * n]  # noqa: E731
     assert frames(first + rest) == frames(whole)
     assert c.snapshot() == a.snapshot()
+
+
+@pytest.mark.parametrize("on_open", ["resume", "reset"])
+def test_preroll_after_a_short_closure(on_open):
+    """Closed for fewer frames than the pre-roll: resume feeds only the frames it skipped,
+    reset the whole pre-roll (computed ones again, into a fresh state)."""
+    parts = [quiet(0.5, 7), voice(0.3, 150), quiet(0.7, 8), voice(0.3, 150), quiet(0.2, 9)]
+    cfg = GateConfig(on_open=on_open)
+    runs = Gate(STRIDE, RATE, cfg).plan(np.concatenate(parts))
+    assert [r.feed for r in runs] == [False, True, False, True]
+    closed, reopened = runs[2].frames, runs[3]
+    n_pre = int(cfg.preroll_ms / 10)
+    assert 0 < closed < n_pre  # 0.7 s of quiet, 0.6 s of hangover
+    assert reopened.lead == (closed if on_open == "resume" else n_pre)
+    assert reopened.reset == (on_open == "reset")
+    assert runs[1].lead == n_pre and runs[1].reset == (on_open == "reset")  # the first word
+
+
+def test_gate_restores_a_snapshot_without_the_closed_count():
+    """Snapshots from before "resume" have no closed-frame count: a full pre-roll is assumed."""
+    gate = Gate(STRIDE, RATE)
+    gate.plan(quiet(0.5, 3))
+    snap = gate.snapshot()
+    assert snap["shut"] == gate.n_pre
+    del snap["shut"]
+    back = Gate(STRIDE, RATE)
+    back.restore(snap)
+    assert back.shut == gate.n_pre
+    with pytest.raises(ValueError):
+        back.restore({**gate.snapshot(), "shut": gate.n_pre + 1})
+    with pytest.raises(ValueError):
+        GateConfig(on_open="warm")
 
 
 def _reference_detections(
