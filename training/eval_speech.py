@@ -22,7 +22,7 @@
    kept (``smoothing`` in eval.json lists each window's best point on the valid streams).
    With ``--vad`` the streams go through the voice-activity gate first, as the server's
    continuous mode runs them by default (frames the gate skips are silence to the detector, and
-   each opening restarts the model's state from its pre-roll).
+   each opening feeds its pre-roll into the state the gate closed with; `dlr_runtime/vad.py`).
 """
 
 from __future__ import annotations
