@@ -26,8 +26,9 @@ The rule for the model's state (exact, and what the tests check), with ``on_open
   a fresh stream.
 
 On the evaluation's streams "resume" finds more commands within 10 false accepts per hour
-than "reset" (valid voices 66.3 % against 63.1 %, as many as the ungated model; held-out
-voices 53.7 % against 52.5 %; `benchmarks/bench_kws_gate.py`). Gate decisions depend only on
+than "reset" (valid voices 65.6 % against 63.1 %, the ungated model 66.3 %; held-out voices
+55.3 % against 53.0 %, ungated 57.8 %; `benchmarks/bench_kws_gate.py`, computing the same
+frames). Gate decisions depend only on
 the audio, never on how it was chunked. The gate's state (open, frames since the last voiced
 one, frames closed before now, the window of recent energies, pre-roll samples) is fixed-size
 and round-trips through `snapshot` / `restore`.
@@ -53,9 +54,9 @@ class GateConfig:
     margin_db: float = 8.0  # voiced: this far above the noise floor
     floor_window_ms: float = 2000.0  # the noise floor is the minimum energy over this window
     # the gate stays open this long after the last voiced frame: long enough for a keyword
-    # model's smoothed posterior to fire after the word (benchmarks/bench_kws_gate.py: 400 ms
-    # closed the gate first and cost 5 (valid) to 7 (held-out voices) points of recall within
-    # 10 false accepts per hour, threshold chosen through the gate on a fine grid)
+    # model's smoothed posterior to fire after the word (benchmarks/bench_kws_gate.py: with
+    # 400 ms the gate closes first, and with the state resumed finds 12 (valid) and 5 (held-out
+    # voices) points fewer commands within 10 false accepts per hour; 800 ms is no better)
     hangover_ms: float = 600.0
     preroll_ms: float = 200.0  # skipped audio before the opening frame fed when it opens
     on_open: str = "resume"  # the model's state when the gate opens: resume | reset
