@@ -36,7 +36,7 @@ from dlr_runtime.listen import gated_scores
 from dlr_runtime.vad import GateConfig
 from training.data.rooms import rir_bank
 from training.data.sc12 import SIL
-from training.eval_speech import THRESHOLDS, eval_streams, sweep
+from training.eval_speech import eval_streams, sweep
 from training.operating_point import global_point
 from training.recipes.kws import KWSOptions, load_split
 from training.streams import Stream, match, score
@@ -120,9 +120,7 @@ def measure(
         frames = sum(len(p) for p, _ in per)
         computed = sum(int(np.isfinite(p).all(axis=1).sum()) for p, _ in per)
         at = score(per, labels, frame_ms, point)
-        best = global_point(
-            sweep(per, labels, frame_ms, replace(point, keywords={}), THRESHOLDS), fa_target
-        )
+        best = global_point(sweep(per, labels, frame_ms, replace(point, keywords={})), fa_target)
         unopened, recall_opened = recall_split(
             per, labels, frame_ms, point, model.config.frame_stride
         )

@@ -6,8 +6,9 @@
 
 `feed_listening(engine, slots, listeners, chunks)` runs on the engine thread: each stream's gate
 turns its chunk of whole frames into runs (compute, after a reset when the gate resets, or skip;
-see vad.py), computed runs are fed whole (cutting them into power-of-two pieces, so that equal pieces of streams share
-a call, cost 1.4x the CPU of speaking streams in benchmarks/bench_kws.py: more, smaller calls);
+see vad.py), computed runs are fed whole (cutting them into power-of-two pieces, so that equal
+pieces of streams share a call, cost 1.4x the CPU of speaking streams in
+benchmarks/bench_kws.py: more, smaller calls);
 the runs of every stream are fed round by round (each round one `engine.feed_audio` call for all
 streams that have a run to compute; streams with runs of equal length share the backend call),
 and every frame reaches the detector in stream order: computed frames as their class scores,

@@ -55,8 +55,9 @@ class GateConfig:
     floor_window_ms: float = 2000.0  # the noise floor is the minimum energy over this window
     # the gate stays open this long after the last voiced frame: long enough for a keyword
     # model's smoothed posterior to fire after the word (benchmarks/bench_kws_gate.py: with
-    # 400 ms the gate closes first, and with the state resumed finds 12 (valid) and 5 (held-out
-    # voices) points fewer commands within 10 false accepts per hour; 800 ms is no better)
+    # 400 ms the gate closes first, and with the state resumed finds 12.5 (valid) and 5.5
+    # (held-out voices) points fewer commands within 10 false accepts per hour; 800 ms is no
+    # better)
     hangover_ms: float = 600.0
     preroll_ms: float = 200.0  # skipped audio before the opening frame fed when it opens
     on_open: str = "resume"  # the model's state when the gate opens: resume | reset

@@ -175,14 +175,10 @@ def eval_streams(pool: WordPool, minutes: float, piece: float, rirs, seed: int) 
 
 
 def sweep(
-    per_stream: list,
-    labels: list[str],
-    frame_ms: float,
-    base: KWSConfig,
-    thresholds: tuple[float, ...] = THRESHOLDS,
+    per_stream: list, labels: list[str], frame_ms: float, base: KWSConfig
 ) -> list[StreamScore]:
     out = []
-    for t in thresholds:
+    for t in THRESHOLDS:
         cfg = KWSConfig(**{**asdict(base), "threshold": t, "keywords": {}})
         out.append(score(per_stream, labels, frame_ms, cfg))
     return out
