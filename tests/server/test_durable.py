@@ -22,7 +22,7 @@ from server.store import open_store
 from tests.conftest import LM_NAME
 from tests.server.conftest import LiveServer, make_settings, process_server
 from tests.server.store.conftest import REDIS_BIN, RedisProc, redis_proc  # noqa: F401 (fixture)
-from tests.server.waits import eventually
+from tests.server.waits import eventually, eventually_sync
 from tests.server.wshelp import recv_json, send_json, text_start, text_turn
 
 SECRET = "test-secret-shared-by-replicas-0123456789"
@@ -258,8 +258,9 @@ def test_pool_pressure_parks_idle_sessions_with_identical_results(models_dir):
         refs = [asyncio.run(alone(i)) for i in range(n)]
         got = asyncio.run(interleaved())
         parked = st.metrics.evictions.labels(LM_NAME, "parked_for_room")._value.get()
-        asyncio.run(asyncio.sleep(0.2))
-        slots = st.models[LM_NAME].engine.pool.in_use
+        pool = st.models[LM_NAME].engine.pool
+        eventually_sync(lambda: pool.in_use == 0, timeout=10)  # (closing frees slots async)
+        slots = pool.in_use
     assert got == refs
     assert parked >= n * len(TURNS) - 2  # every turn but the first two found its slot taken
     assert slots == 0
@@ -276,6 +277,8 @@ def test_idle_session_is_parked_then_restored(models_dir):
             first = (await text_turn(ws, TURNS[0], GEN))[0]
             sess = srv.app.state.sessions.live[ready["session_id"]]
             await eventually(lambda: sess.parked, timeout=10)
+            # (`parked` is set before the slot's close is awaited: wait for the slot too)
+            await eventually(lambda: pool.in_use == 0, timeout=10)
             in_use = pool.in_use
             async with httpx.AsyncClient(timeout=10) as h:  # a parked session exports too
                 url = f"{srv.http}/v1/sessions/{ready['session_id']}/state"

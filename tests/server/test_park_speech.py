@@ -15,7 +15,7 @@ import websockets
 from tests.conftest import SPEECH_NAME
 from tests.server.conftest import LiveServer, make_settings
 from tests.server.test_resume import clip, detached, slots_in_use
-from tests.server.waits import eventually
+from tests.server.waits import eventually, eventually_sync
 from tests.server.wshelp import (
     SPEECH,
     drop,
@@ -101,7 +101,7 @@ def test_dropped_stream_is_pushed_out_for_a_new_one_then_resumes(models_dir):
 
         solo, final, was_parked, again = asyncio.run(main())
         pushed = parked_count(srv, "parked_for_room")
-        asyncio.run(asyncio.sleep(0.2))
+        eventually_sync(lambda: slots_in_use(srv, SPEECH_NAME) == 0, timeout=10)
         in_use = slots_in_use(srv, SPEECH_NAME)
     assert was_parked and pushed >= 1
     assert again["bytes_received"] == cut
