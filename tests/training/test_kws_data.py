@@ -294,3 +294,33 @@ def test_windows_take_words_from_the_coded_copy_with_codec_prob():
     assert coded_share(1.0, with_copy=False) == 0.0
     with pytest.raises(ValueError, match="match"):
         WordPool.from_voices(voices, voices[::-1])
+
+
+def test_balance_engines_draws_each_engine_equally_and_default_draws_by_clips():
+    from training.data.corpus import VoiceClips
+
+    base = _voices()[1]  # a flite voice: three festival voices and one flite voice below
+    voices = [base] + [
+        VoiceClips(
+            TTSVoice("festival", f"f{k}", f"fest{k}"),
+            base.audio,
+            base.offsets,
+            base.labels,
+            base.words,
+        )
+        for k in range(3)
+    ]
+    pool = WordPool.from_voices(voices)
+
+    def flite_share(balance: bool) -> float:
+        ds = KWSWindows(pool, [], WindowConfig(balance_engines=balance), length=1)
+        rng = np.random.default_rng(0)
+        labels = [*range(10), UNK]
+        picks = [ds._pick(labels[rng.integers(11)], rng) for _ in range(4000)]
+        return float((pool.engines[picks] == "flite").mean())
+
+    assert 0.2 < flite_share(False) < 0.3  # one voice of four
+    assert 0.45 < flite_share(True) < 0.55  # one engine of two
+    a = KWSWindows(pool, [], WindowConfig(balance_engines=True), seed=2, length=4)
+    b = KWSWindows(pool, [], WindowConfig(balance_engines=True), seed=2, length=4)
+    assert all(torch.equal(a[i][0], b[i][0]) for i in range(4))

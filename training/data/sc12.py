@@ -15,7 +15,9 @@ so a causal model learns to say a word shortly after it ends and to fall back to
 Commands, unknown words and word-less windows are drawn 55/30/15, and the engine group
 (espeak-ng vs the other engines) 40/60, so the few non-espeak speakers are not drowned
 out; where the pool holds morphed voices (``morph.py``), a word comes from them with
-probability ``p_morph`` first.
+probability ``p_morph`` first. Inside a group a clip is drawn uniformly, so an engine weighs
+as much as its clips; ``balance_engines`` draws the engine first (festival's eleven training
+voices then weigh as much as flite's three).
 
 Evaluation clips (:func:`clip_windows`) are 1.5 s windows whose word ends 0.15-0.45 s before
 the end (the last frame's scores are the clip's prediction, as in the server's utterance mode),
@@ -56,6 +58,8 @@ class WindowConfig:
     p_two_words: float = 0.3  # a second word after the first
     p_espeak: float = 0.4  # share of espeak-ng clips among the words
     p_morph: float = 0.25  # share of morphed voices' clips (data/morph.py), where the pool has them
+    balance_engines: bool = False  # inside a group, draw the engine first (uniformly), then a
+    # clip of it; False: a clip of the group (engines weighted by their clip counts)
     vtlp_prob: float = 0.8  # warp the front end's frequency axis
     vtlp: tuple[float, float] = (0.85, 1.18)
     room: RoomConfig = field(default_factory=RoomConfig)
@@ -148,12 +152,17 @@ class KWSWindows(Dataset):
         self.pool, self.rirs, self.cfg, self.seed, self.length = pool, rirs, cfg, seed, length
         self.epoch = 0
         esp, morph = pool.engines == "espeak", pool.morphed
-        self.by_group = {}
+        self.by_group: dict[tuple[str, int], list[np.ndarray]] = {}  # per engine, sorted
         for g, mask in (("espeak", esp & ~morph), ("other", ~esp & ~morph), ("morph", morph)):
             for lab in range(len(SC12_LABELS)):
                 idx = np.flatnonzero(mask & (pool.labels == lab))
-                if len(idx):
-                    self.by_group[(g, lab)] = idx
+                if not len(idx):
+                    continue
+                if cfg.balance_engines:
+                    engines = pool.engines[idx]
+                    self.by_group[(g, lab)] = [idx[engines == e] for e in np.unique(engines)]
+                else:
+                    self.by_group[(g, lab)] = [idx]
         self.groups = sorted({g for g, _ in self.by_group})
         unk = np.flatnonzero(pool.labels == UNK)
         self._babble_idx = unk if len(unk) else np.arange(len(pool))
@@ -165,7 +174,8 @@ class KWSWindows(Dataset):
         return self.length
 
     def _pick(self, label: int, rng: np.random.Generator) -> int:
-        """A clip of `label`: from a morph with p_morph, else espeak-ng with p_espeak."""
+        """A clip of `label`: from a morph with p_morph, else espeak-ng with p_espeak (with
+        `balance_engines`, an engine of the group is drawn first)."""
         groups = [g for g in self.groups if (g, label) in self.by_group]
         if "morph" in groups and (len(groups) == 1 or rng.random() < self.cfg.p_morph):
             g = "morph"
@@ -175,7 +185,8 @@ class KWSWindows(Dataset):
                 g = "espeak" if rng.random() < self.cfg.p_espeak else "other"
             else:
                 g = groups[0]
-        idx = self.by_group[(g, label)]
+        per_engine = self.by_group[(g, label)]
+        idx = per_engine[rng.integers(len(per_engine))] if len(per_engine) > 1 else per_engine[0]
         return int(idx[rng.integers(len(idx))])
 
     def _event_label(self, rng: np.random.Generator) -> int:

@@ -84,6 +84,9 @@ class KWSOptions:
     tiny_corpus: bool = False  # a few voices and words only (tests and smoke runs)
     codecs: bool = False  # training words also through MP3 / Opus (ffmpeg; data/codecs.py)
     morphs: int = 0  # WORLD morphs (new pitch and vocal tract) per non-espeak training voice
+    p_espeak: float = 0.4  # share of espeak-ng words among the unmorphed ones (data/sc12.py)
+    p_morph: float = 0.25  # share of morphed voices' words, with --morphs
+    balance_engines: bool = False  # draw a word's engine uniformly, then one of its clips
     freq_masks: int = 0  # SpecAugment (training/spec_augment.py): mel-band spans masked per window
     freq_mask_width: int = 7  # each spans fewer than this many bands
     time_masks: int = 0  # SpecAugment: frame spans masked per window
@@ -185,6 +188,9 @@ class KWSRecipe(Recipe):
             )
         if opts.morphs < 0:
             raise ValueError(f"--morphs must be >= 0, got {opts.morphs}")
+        for flag, p in (("--p-espeak", opts.p_espeak), ("--p-morph", opts.p_morph)):
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"{flag} must be in [0, 1], got {p}")
         self.specaug = SpecAugmentConfig(
             freq_masks=opts.freq_masks,
             freq_mask_width=opts.freq_mask_width,
@@ -206,7 +212,13 @@ class KWSRecipe(Recipe):
         o = self.opts
         self.pools = load_split(o, self.seed)
         self.rirs = rir_bank(o.cache_dir, seed=self.seed)
-        wcfg = WindowConfig(window_s=o.window_s, stride=o.frame_stride)
+        wcfg = WindowConfig(
+            window_s=o.window_s,
+            stride=o.frame_stride,
+            p_espeak=o.p_espeak,
+            p_morph=o.p_morph,
+            balance_engines=o.balance_engines,
+        )
         self.train_set = KWSWindows(
             self.pools["train"], self.rirs, wcfg, self.seed, o.epoch_windows
         )
