@@ -16,7 +16,7 @@ Commands, unknown words and word-less windows are drawn 55/30/15, and the engine
 (espeak-ng vs the other engines) 40/60, so the few non-espeak speakers are not drowned
 out; where the pool holds morphed voices (``morph.py``), a word comes from them with
 probability ``p_morph`` first. Inside a group a clip is drawn uniformly, so an engine weighs
-as much as its clips; ``balance_engines`` draws the engine first (festival's eleven training
+as much as its clips; ``balance_engines`` draws the engine first (festival's ten training
 voices then weigh as much as flite's three).
 
 Evaluation clips (:func:`clip_windows`) are 1.5 s windows whose word ends 0.15-0.45 s before

@@ -8,7 +8,7 @@ training (through any engine) is never in valid or test of the same preset:
   Piper voice ``joe`` (so Piper is an engine the final model never hears) and three espeak
   speakers (one m, one f, one klatt variant, every accent); valid = flite ``rms``, the
   accented ``cz-ph``, Kokoro's ``jf_nezumi`` and two espeak speakers (one m, one f); train =
-  everything else (the other nine accented festival voices, kal through flite kal/kal16 and
+  everything else (the other eight accented festival voices, kal through flite kal/kal16 and
   festival, slt through flite and festival HTS, Kokoro's alpha, gongitsune and kumo and their
   mixes, the remaining espeak variants).
 - ``loso-<engine>`` (leave one synthesizer out): test = every voice of ``<engine>``; train =
