@@ -225,11 +225,27 @@ def card(
             f"probability {RoomConfig().codec_prob}."
         )
     if morphs:
+        p_morph = sorted(
+            {o.get("p_morph", WindowConfig().p_morph) for o in runs_opts if o.get("morphs")}
+        )
         extras.append(
             f"Morphs (`training/data/morph.py`): {' or '.join(map(str, morphs))} WORLD "
             "re-syntheses of each non-espeak training voice at a new pitch and vocal-tract "
             f"length{' (per ingredient run)' if len(morphs) > 1 else ''}; a word comes from a "
-            f"morph with probability {WindowConfig().p_morph}."
+            f"morph with probability {' or '.join(f'{p:g}' for p in p_morph)}."
+        )
+    p_espeak = sorted({o.get("p_espeak", WindowConfig().p_espeak) for o in runs_opts})
+    balanced = sum(bool(o.get("balance_engines")) for o in runs_opts)
+    if balanced or p_espeak != [WindowConfig().p_espeak]:
+        extras.append(
+            f"Word mix (`training/data/sc12.py`): espeak-ng's share of the unmorphed words "
+            f"{' or '.join(f'{p:g}' for p in p_espeak)}"
+            + (
+                f"; the engine drawn first, uniformly, in {balanced} of {len(runs_opts)} runs"
+                if balanced
+                else ""
+            )
+            + "."
         )
     if masked:
         o = masked[0]

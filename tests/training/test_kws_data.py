@@ -324,3 +324,14 @@ def test_balance_engines_draws_each_engine_equally_and_default_draws_by_clips():
     a = KWSWindows(pool, [], WindowConfig(balance_engines=True), seed=2, length=4)
     b = KWSWindows(pool, [], WindowConfig(balance_engines=True), seed=2, length=4)
     assert all(torch.equal(a[i][0], b[i][0]) for i in range(4))
+
+
+@pytest.mark.parametrize("field", ["p_espeak", "p_morph"])
+def test_word_mix_shares_outside_zero_one_are_refused(field):
+    from training.config import TrainConfig
+    from training.modelopts import ModelOptions
+    from training.recipes.kws import KWSOptions, KWSRecipe
+
+    flag = "--" + field.replace("_", "-")
+    with pytest.raises(ValueError, match=f"{flag} must be in"):
+        KWSRecipe(KWSOptions(**{field: 1.5}), ModelOptions(), TrainConfig())

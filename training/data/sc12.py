@@ -152,7 +152,8 @@ class KWSWindows(Dataset):
         self.pool, self.rirs, self.cfg, self.seed, self.length = pool, rirs, cfg, seed, length
         self.epoch = 0
         esp, morph = pool.engines == "espeak", pool.morphed
-        self.by_group: dict[tuple[str, int], list[np.ndarray]] = {}  # per engine, sorted
+        self.by_group: dict[tuple[str, int], list[np.ndarray]] = {}  # one array per engine
+        # with balance_engines, else one for the group
         for g, mask in (("espeak", esp & ~morph), ("other", ~esp & ~morph), ("morph", morph)):
             for lab in range(len(SC12_LABELS)):
                 idx = np.flatnonzero(mask & (pool.labels == lab))
@@ -186,6 +187,7 @@ class KWSWindows(Dataset):
             else:
                 g = groups[0]
         per_engine = self.by_group[(g, label)]
+        # (no engine draw for a single array: the default draws the same clips as before)
         idx = per_engine[rng.integers(len(per_engine))] if len(per_engine) > 1 else per_engine[0]
         return int(idx[rng.integers(len(idx))])
 
