@@ -111,6 +111,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             expose_headers=["Retry-After", "X-Session-Kind", "X-Model"],
         )
     app.add_middleware(RequestLimits, settings=settings)  # (inside Security: keys first)
-    app.add_middleware(ConnectionCap, settings=settings)
+    app.add_middleware(ConnectionCap, settings=settings, gauge=st.metrics.websockets)
     app.add_middleware(Security, settings=settings)
     return app

@@ -19,6 +19,7 @@ import asyncio
 import json
 from collections import Counter
 
+from prometheus_client import Gauge
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import asgi_error, asgi_ws_refuse
@@ -136,15 +137,28 @@ class RequestLimits:
 class ConnectionCap:
     """At most `max_connections_per_client` open WebSockets per client address (0 = no cap):
     one more is refused at the handshake (429 `too_many_connections`; close 1013 where the
-    server cannot answer in HTTP), so one address cannot hold every socket or slot."""
+    server cannot answer in HTTP), so one address cannot hold every socket or slot.
+    `gauge` (dlr_open_websockets) counts the accepted ones until their handler returns."""
 
-    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+    def __init__(self, app: ASGIApp, settings: Settings, gauge: Gauge | None = None) -> None:
         self.app = app
         self.cap = settings.max_connections_per_client
+        self.gauge = gauge
         self.open: Counter[str] = Counter()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "websocket" or self.cap <= 0:
+        if scope["type"] != "websocket":
+            return await self.app(scope, receive, send)
+        if self.gauge is not None:
+            self.gauge.inc()
+        try:
+            await self.capped(scope, receive, send)
+        finally:
+            if self.gauge is not None:
+                self.gauge.dec()
+
+    async def capped(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.cap <= 0:
             return await self.app(scope, receive, send)
         client = (scope.get("client") or ("",))[0]
         if self.open[client] >= self.cap:

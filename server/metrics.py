@@ -158,6 +158,11 @@ class Metrics:
         self.resumes = Counter(
             "dlr_session_resumes_total", "Sessions resumed", ["kind", "how"], registry=r
         )
+        self.websockets = Gauge(
+            "dlr_open_websockets",
+            "WebSocket connections whose handler has not returned yet (any endpoint)",
+            registry=r,
+        )
         self.detached = Gauge(
             "dlr_detached_sessions", "Sessions kept for resume without a connection", registry=r
         )

@@ -22,6 +22,7 @@ from server.settings import Settings
 from server.textcheck import may_hold_surrogates, surrogate_path
 from tests.server.conftest import make_settings
 from tests.server.live import LiveServer
+from tests.server.waits import eventually
 from tests.server.wshelp import TEXT
 
 
@@ -153,6 +154,29 @@ def test_body_deadline_covers_the_body_only():
     part = {"type": "http.request", "body": b"{", "more_body": True}
     got, sent = _drive([(0, part), (0.3, body)])
     assert sent[0]["status"] == 408, sent
+
+
+def open_websockets(srv: LiveServer) -> float:
+    return srv.app.state.dlr.metrics.registry.get_sample_value("dlr_open_websockets")
+
+
+@pytest.mark.parametrize("cap", [0, 2])
+def test_open_websockets_are_counted_until_their_handler_returns(models_dir, cap):
+    async def main(srv: LiveServer) -> None:
+        held = [await websockets.connect(srv.ws + TEXT) for _ in range(2)]
+        assert open_websockets(srv) == 2
+        if cap:  # one refused at the handshake is not held
+            with pytest.raises(websockets.InvalidStatus):
+                await websockets.connect(srv.ws + TEXT)
+        else:
+            held.append(await websockets.connect(srv.ws + TEXT))
+        await eventually(lambda: open_websockets(srv) == len(held), timeout=10)
+        for ws in held:
+            await ws.close()
+        await eventually(lambda: open_websockets(srv) == 0, timeout=10)
+
+    with LiveServer(make_settings(models_dir, max_connections_per_client=cap)) as srv:
+        asyncio.run(asyncio.wait_for(main(srv), 60))
 
 
 def test_websockets_per_client_are_capped(models_dir):

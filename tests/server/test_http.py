@@ -166,6 +166,7 @@ def test_metrics_exposed(client):
         "dlr_real_time_factor",
         "dlr_evictions_total",
         "dlr_pool_slots_in_use",
+        "dlr_open_websockets",
     ):
         assert name in text, name
     assert f'dlr_generated_tokens_total{{model="{LM_NAME}"}} 3.0' in text

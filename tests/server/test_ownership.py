@@ -31,6 +31,10 @@ N = 25  # connections of each shape
 def test_start_then_close_never_leaks_a_session_or_slot(models_dir):
     with LiveServer(make_settings(models_dir, resume_grace_s=0.5, max_sessions=8)) as srv:
         ctx = srv.app.state.dlr
+
+        def open_websockets() -> float:
+            return ctx.metrics.registry.get_sample_value("dlr_open_websockets")
+
         starts = {
             SPEECH: {"type": "start", "sample_rate": 16000},
             TEXT: {"type": "start"},
@@ -48,6 +52,9 @@ def test_start_then_close_never_leaks_a_session_or_slot(models_dir):
             for path in (SPEECH, TEXT):
                 for reset in (False, True):
                     await asyncio.gather(*[one(path, reset) for _ in range(N)])
+            # every handler has returned (a late one could still read its start and admit a
+            # session after the count below), then every session is gone and its slot freed
+            await eventually(lambda: open_websockets() == 0, timeout=20)
             await eventually(lambda: ctx.sessions == 0, timeout=20)
             await eventually(
                 lambda: all(m.engine.pool.in_use == 0 for m in ctx.models.values()), timeout=10
@@ -57,7 +64,7 @@ def test_start_then_close_never_leaks_a_session_or_slot(models_dir):
             opened += [await text_start(srv.ws) for _ in range(8)]
             for ws, _ in opened:
                 await ws.close()
-            await eventually(lambda: ctx.sessions == 0, timeout=10)
+            await eventually(lambda: open_websockets() == 0 and ctx.sessions == 0, timeout=10)
             # (dropped sessions leave `live` when their 0.5 s resume grace ends)
             await eventually(lambda: not srv.app.state.sessions.live, timeout=10)
             async with httpx.AsyncClient() as h:
