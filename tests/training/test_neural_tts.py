@@ -9,7 +9,7 @@ import pytest
 
 from training.data import neural_tts
 from training.data.corpus import CorpusConfig, all_tts_voices, render_items, voice_items
-from training.data.engines import KOKORO_VOICES, PIPER_VOICES
+from training.data.engines import KOKORO_EXTRA_VOICES, KOKORO_VOICES, PIPER_VOICES
 from training.data.labels import SC10_LABELS
 from training.data.splits import FINAL_TEST, FINAL_VALID, split_voices
 
@@ -41,7 +41,9 @@ def test_neural_voices_are_speakers_and_mixes_never_hold_a_held_out_speaker():
     assert set(KOKORO_VOICES) | set(PIPER_VOICES) <= set(voices)
     held = FINAL_TEST | FINAL_VALID
     base_speaker = {v: "kokoro-" + v.split("_", 1)[1] for v in neural_tts.KOKORO_BASE}
-    for name, weights in neural_tts.KOKORO_BLENDS.items():
+    blends = neural_tts.KOKORO_BLENDS | neural_tts.KOKORO_EXTRA_BLENDS
+    assert len(blends) == len(neural_tts.KOKORO_BLENDS) + len(neural_tts.KOKORO_EXTRA_BLENDS)
+    for name, weights in blends.items():
         assert abs(sum(weights.values()) - 1.0) < 1e-9, name
         assert not {base_speaker[b] for b in weights} & held, name
     final = split_voices(voices, "final")
@@ -51,6 +53,19 @@ def test_neural_voices_are_speakers_and_mixes_never_hold_a_held_out_speaker():
     assert all(where[f"kokoro:{b}"] == "train" for b in neural_tts.KOKORO_BLENDS)
     loso = split_voices(voices, "loso-kokoro")
     assert {v.engine for v in loso["test"]} == {"kokoro"} and len(loso["test"]) == 9
+
+
+def test_extra_kokoro_mixes_are_opt_in_training_speakers():
+    default = all_tts_voices(CorpusConfig())
+    assert not set(KOKORO_EXTRA_VOICES) & set(default)  # the default corpus is unchanged
+    voices = all_tts_voices(CorpusConfig(kokoro_extra=True))
+    assert set(voices) == set(default) | set(KOKORO_EXTRA_VOICES)
+    final, base = split_voices(voices, "final"), split_voices(default, "final")
+    assert set(final["train"]) == set(base["train"]) | set(KOKORO_EXTRA_VOICES)
+    assert final["valid"] == base["valid"] and final["test"] == base["test"]
+    assert len({v.speaker for v in voices}) == len({v.speaker for v in default}) + len(
+        KOKORO_EXTRA_VOICES
+    )
 
 
 def test_neural_voice_items_vary_rate_and_read_every_word_once():
@@ -73,6 +88,7 @@ def test_neural_voice_items_vary_rate_and_read_every_word_once():
     [
         pytest.param(KOKORO_VOICES[0], marks=_needs("kokoro")),
         pytest.param(KOKORO_VOICES[-1], marks=_needs("kokoro")),  # a mix
+        pytest.param(KOKORO_EXTRA_VOICES[-1], marks=_needs("kokoro")),  # an extrapolation
         pytest.param(PIPER_VOICES[0], marks=_needs("piper")),
     ],
 )

@@ -41,6 +41,7 @@ from training.data.audio import peak_normalize, resample, trim_silence
 from training.data.engines import (
     FESTIVAL_VOICES,
     FLITE_VOICES,
+    KOKORO_EXTRA_VOICES,
     KOKORO_VOICES,
     PIPER_VOICES,
     TTSVoice,
@@ -84,6 +85,7 @@ class CorpusConfig:
     piper_noise: tuple[float, float] = (0.4, 0.9)  # piper noise scale (rendition variety)
     f0_scale: tuple[float, float] = (0.8, 1.25)  # flite pitch range, relative to the speaker
     unknown: tuple[str, ...] = field(default_factory=unknown_words)  # the _unknown_ words
+    kokoro_extra: bool = False  # also the extra Kokoro mixes (neural_tts.KOKORO_EXTRA_BLENDS)
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,7 @@ def all_tts_voices(cfg: CorpusConfig) -> list[TTSVoice]:
     if "festival" in cfg.engines:
         out += list(FESTIVAL_VOICES)
     if "kokoro" in cfg.engines:
-        out += list(KOKORO_VOICES)
+        out += list(KOKORO_VOICES) + (list(KOKORO_EXTRA_VOICES) if cfg.kokoro_extra else [])
     if "piper" in cfg.engines:
         out += list(PIPER_VOICES)
     return sorted(out)
@@ -298,8 +300,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--cache-dir", default="runs/sc12cache")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kokoro-extra", action="store_true", help="also the extra Kokoro mixes")
     args = p.parse_args(argv)
-    clips = generate(CorpusConfig(seed=args.seed), args.cache_dir, args.workers)
+    cfg = CorpusConfig(seed=args.seed, kokoro_extra=args.kokoro_extra)
+    clips = generate(cfg, args.cache_dir, args.workers)
     by_engine: dict[str, list[int]] = {}
     for vc in clips.values():
         n_cmd = int((vc.labels < len(SC10_LABELS)).sum())

@@ -39,7 +39,7 @@ import numpy as np
 import soundfile as sf
 
 from training.data.espeak import espeak_synthesize
-from training.data.neural_tts import KOKORO_BASE, KOKORO_BLENDS
+from training.data.neural_tts import KOKORO_BASE, KOKORO_BLENDS, KOKORO_EXTRA_BLENDS
 from training.data.neural_tts import PACKAGES as NEURAL_PACKAGES
 from training.data.neural_tts import PIPER_VOICES as PIPER_NAMES
 from training.data.neural_tts import require as neural_require
@@ -104,6 +104,10 @@ FESTIVAL_VOICES: tuple[TTSVoice, ...] = FESTIVAL_ENGLISH + FESTIVAL_ACCENTED
 KOKORO_VOICES: tuple[TTSVoice, ...] = tuple(
     TTSVoice("kokoro", v, "kokoro-" + v.split("_", 1)[1]) for v in KOKORO_BASE
 ) + tuple(TTSVoice("kokoro", v, "kokoro-" + v) for v in KOKORO_BLENDS)
+#: The extra mixes (``CorpusConfig.kokoro_extra``), each a training speaker of its own.
+KOKORO_EXTRA_VOICES: tuple[TTSVoice, ...] = tuple(
+    TTSVoice("kokoro", v, "kokoro-" + v) for v in KOKORO_EXTRA_BLENDS
+)
 
 #: The Piper voice (``neural_tts.py``): one American man.
 PIPER_VOICES: tuple[TTSVoice, ...] = tuple(TTSVoice("piper", v, "piper-" + v) for v in PIPER_NAMES)

@@ -46,6 +46,20 @@ KOKORO_BLENDS: dict[str, dict[str, float]] = {
     "mix_alpha_gongitsune": {"jf_alpha": 0.5, "jf_gongitsune": 0.5},
     "mix_kumo_alpha_3": {"jm_kumo": 0.7, "jf_alpha": 0.3},
 }
+#: More mixes of the same three training speakers, rendered only with ``--kokoro-extra`` (the
+#: default corpus, and the runs that trained on it, stay as they were): uneven pairs, the
+#: three-way mean, and two mild extrapolations past a speaker (weights still sum to 1), which
+#: move the style further from the other voice than any mix between them.
+KOKORO_EXTRA_BLENDS: dict[str, dict[str, float]] = {
+    "mix_abk": {"jf_alpha": 1 / 3, "jf_gongitsune": 1 / 3, "jm_kumo": 1 / 3},
+    "mix_kumo_gongitsune_3": {"jm_kumo": 0.7, "jf_gongitsune": 0.3},
+    "mix_alpha_kumo_3": {"jf_alpha": 0.7, "jm_kumo": 0.3},
+    "mix_gongitsune_kumo_3": {"jf_gongitsune": 0.7, "jm_kumo": 0.3},
+    "mix_gongitsune_alpha_2": {"jf_gongitsune": 0.8, "jf_alpha": 0.2},
+    "mix_kumo_ab_2": {"jm_kumo": 0.6, "jf_alpha": 0.2, "jf_gongitsune": 0.2},
+    "ext_kumo_alpha": {"jm_kumo": 1.25, "jf_alpha": -0.25},
+    "ext_gongitsune_kumo": {"jf_gongitsune": 1.25, "jm_kumo": -0.25},
+}
 PIPER_VOICES = ("joe",)
 
 #: PyPI packages of each engine (the hint when one is missing).
@@ -130,13 +144,15 @@ def _kokoro() -> tuple[object, dict[str, int], dict[str, np.ndarray]]:
 
 
 def kokoro_style(voice: str) -> np.ndarray:
-    """Style table (L, 1, 256) of a base voice or a blend of :data:`KOKORO_BLENDS`."""
+    """Style table (L, 1, 256) of a base voice or a blend of :data:`KOKORO_BLENDS` or
+    :data:`KOKORO_EXTRA_BLENDS`."""
     _, _, voices = _kokoro()
     if voice in voices:
         return voices[voice]
-    if voice not in KOKORO_BLENDS:
+    weights = KOKORO_BLENDS.get(voice) or KOKORO_EXTRA_BLENDS.get(voice)
+    if weights is None:
         raise ValueError(f"unknown kokoro voice {voice!r}")
-    return sum(w * voices[v] for v, w in KOKORO_BLENDS[voice].items())
+    return sum(w * voices[v] for v, w in weights.items())
 
 
 def kokoro_synthesize(word: str, voice: str, speed: float) -> tuple[np.ndarray, int]:
