@@ -9,9 +9,15 @@ import pytest
 
 from training.data import neural_tts
 from training.data.corpus import CorpusConfig, all_tts_voices, render_items, voice_items
-from training.data.engines import KOKORO_EXTRA_VOICES, KOKORO_VOICES, PIPER_VOICES
+from training.data.engines import (
+    KOKORO_ACCENT_VOICES,
+    KOKORO_EXTRA_VOICES,
+    KOKORO_VOICES,
+    PIPER_VOICES,
+    kokoro_speaker,
+)
 from training.data.labels import SC10_LABELS
-from training.data.splits import FINAL_TEST, FINAL_VALID, split_voices
+from training.data.splits import FINAL_TEST, FINAL_VALID, check_disjoint, split_voices
 
 needs_espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng missing")
 
@@ -55,17 +61,39 @@ def test_neural_voices_are_speakers_and_mixes_never_hold_a_held_out_speaker():
     assert {v.engine for v in loso["test"]} == {"kokoro"} and len(loso["test"]) == 9
 
 
-def test_extra_kokoro_mixes_are_opt_in_training_speakers():
+@pytest.mark.parametrize(
+    ("flag", "added", "new_speakers"),
+    [("kokoro_extra", KOKORO_EXTRA_VOICES, 8), ("kokoro_accents", KOKORO_ACCENT_VOICES, 0)],
+)
+def test_extra_kokoro_voices_are_opt_in_and_train_only(flag, added, new_speakers):
     default = all_tts_voices(CorpusConfig())
-    assert not set(KOKORO_EXTRA_VOICES) & set(default)  # the default corpus is unchanged
-    voices = all_tts_voices(CorpusConfig(kokoro_extra=True))
-    assert set(voices) == set(default) | set(KOKORO_EXTRA_VOICES)
+    assert not set(added) & set(default)  # the default corpus is unchanged
+    voices = all_tts_voices(CorpusConfig(**{flag: True}))
+    assert set(voices) == set(default) | set(added)
     final, base = split_voices(voices, "final"), split_voices(default, "final")
-    assert set(final["train"]) == set(base["train"]) | set(KOKORO_EXTRA_VOICES)
+    check_disjoint(final)
+    assert set(final["train"]) == set(base["train"]) | set(added)
     assert final["valid"] == base["valid"] and final["test"] == base["test"]
-    assert len({v.speaker for v in voices}) == len({v.speaker for v in default}) + len(
-        KOKORO_EXTRA_VOICES
-    )
+    # a mix is a speaker of its own; an accented voice is the speaker who reads it
+    assert len({v.speaker for v in voices}) == len({v.speaker for v in default}) + new_speakers
+
+
+def test_an_accented_kokoro_voice_is_its_base_voices_speaker():
+    assert kokoro_speaker("jm_kumo@en-gb-scotland") == kokoro_speaker("jm_kumo") == "kokoro-kumo"
+    assert kokoro_speaker("mix_alpha_kumo@en-029") == "kokoro-mix_alpha_kumo"
+    assert {v.name.partition("@")[2] for v in KOKORO_ACCENT_VOICES} >= {"en-gb-scotland"}
+    assert all(v.name.partition("@")[2] != "en-us" for v in KOKORO_ACCENT_VOICES)
+    assert neural_tts.kokoro_phonemes("dˈʌʉn") == "dˈʌun"  # (Scottish "down")
+
+
+@needs_espeak
+def test_each_accented_kokoro_voice_reads_other_phonemes():
+    def reads(accent: str) -> list[str]:
+        return [neural_tts.kokoro_phonemes(neural_tts.espeak_ipa(w, accent)) for w in SC10_LABELS]
+
+    american = reads("en-us")
+    for v in KOKORO_ACCENT_VOICES:
+        assert reads(v.name.partition("@")[2]) != american, v.name
 
 
 def test_neural_voice_items_vary_rate_and_read_every_word_once():
@@ -89,6 +117,7 @@ def test_neural_voice_items_vary_rate_and_read_every_word_once():
         pytest.param(KOKORO_VOICES[0], marks=_needs("kokoro")),
         pytest.param(KOKORO_VOICES[-1], marks=_needs("kokoro")),  # a mix
         pytest.param(KOKORO_EXTRA_VOICES[-1], marks=_needs("kokoro")),  # an extrapolation
+        pytest.param(KOKORO_ACCENT_VOICES[0], marks=_needs("kokoro")),  # another accent
         pytest.param(PIPER_VOICES[0], marks=_needs("piper")),
     ],
 )

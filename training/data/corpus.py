@@ -41,6 +41,7 @@ from training.data.audio import peak_normalize, resample, trim_silence
 from training.data.engines import (
     FESTIVAL_VOICES,
     FLITE_VOICES,
+    KOKORO_ACCENT_VOICES,
     KOKORO_EXTRA_VOICES,
     KOKORO_VOICES,
     PIPER_VOICES,
@@ -86,6 +87,7 @@ class CorpusConfig:
     f0_scale: tuple[float, float] = (0.8, 1.25)  # flite pitch range, relative to the speaker
     unknown: tuple[str, ...] = field(default_factory=unknown_words)  # the _unknown_ words
     kokoro_extra: bool = False  # also the extra Kokoro mixes (neural_tts.KOKORO_EXTRA_BLENDS)
+    kokoro_accents: bool = False  # also Kokoro voices reading other accents (KOKORO_ACCENTED)
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,7 @@ def all_tts_voices(cfg: CorpusConfig) -> list[TTSVoice]:
         out += list(FESTIVAL_VOICES)
     if "kokoro" in cfg.engines:
         out += list(KOKORO_VOICES) + (list(KOKORO_EXTRA_VOICES) if cfg.kokoro_extra else [])
+        out += list(KOKORO_ACCENT_VOICES) if cfg.kokoro_accents else []
     if "piper" in cfg.engines:
         out += list(PIPER_VOICES)
     return sorted(out)
@@ -301,8 +304,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kokoro-extra", action="store_true", help="also the extra Kokoro mixes")
+    p.add_argument(
+        "--kokoro-accents", action="store_true", help="also Kokoro voices reading other accents"
+    )
     args = p.parse_args(argv)
-    cfg = CorpusConfig(seed=args.seed, kokoro_extra=args.kokoro_extra)
+    cfg = CorpusConfig(
+        seed=args.seed, kokoro_extra=args.kokoro_extra, kokoro_accents=args.kokoro_accents
+    )
     clips = generate(cfg, args.cache_dir, args.workers)
     by_engine: dict[str, list[int]] = {}
     for vc in clips.values():

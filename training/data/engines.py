@@ -39,7 +39,12 @@ import numpy as np
 import soundfile as sf
 
 from training.data.espeak import espeak_synthesize
-from training.data.neural_tts import KOKORO_BASE, KOKORO_BLENDS, KOKORO_EXTRA_BLENDS
+from training.data.neural_tts import (
+    KOKORO_ACCENTED,
+    KOKORO_BASE,
+    KOKORO_BLENDS,
+    KOKORO_EXTRA_BLENDS,
+)
 from training.data.neural_tts import PACKAGES as NEURAL_PACKAGES
 from training.data.neural_tts import PIPER_VOICES as PIPER_NAMES
 from training.data.neural_tts import require as neural_require
@@ -98,15 +103,27 @@ FESTIVAL_ACCENTED: tuple[TTSVoice, ...] = (
 
 FESTIVAL_VOICES: tuple[TTSVoice, ...] = FESTIVAL_ENGLISH + FESTIVAL_ACCENTED
 
+
 #: Kokoro-82M voices (``neural_tts.py``): five speakers, and mixes of the training speakers'
 #: voices, each a speaker of its own (a mix never includes a valid or test speaker of
 #: ``splits.py``'s ``final`` preset; a test checks it).
+def kokoro_speaker(voice: str) -> str:
+    """The speaker of a Kokoro voice: a base voice's person, a mix, or (``"<voice>@<accent>"``)
+    the speaker of the voice that reads another accent."""
+    base = voice.partition("@")[0]
+    return "kokoro-" + (base.split("_", 1)[1] if base in KOKORO_BASE else base)
+
+
 KOKORO_VOICES: tuple[TTSVoice, ...] = tuple(
-    TTSVoice("kokoro", v, "kokoro-" + v.split("_", 1)[1]) for v in KOKORO_BASE
-) + tuple(TTSVoice("kokoro", v, "kokoro-" + v) for v in KOKORO_BLENDS)
+    TTSVoice("kokoro", v, kokoro_speaker(v)) for v in KOKORO_BASE + tuple(KOKORO_BLENDS)
+)
 #: The extra mixes (``CorpusConfig.kokoro_extra``), each a training speaker of its own.
 KOKORO_EXTRA_VOICES: tuple[TTSVoice, ...] = tuple(
-    TTSVoice("kokoro", v, "kokoro-" + v) for v in KOKORO_EXTRA_BLENDS
+    TTSVoice("kokoro", v, kokoro_speaker(v)) for v in KOKORO_EXTRA_BLENDS
+)
+#: Training speakers reading other accents (``CorpusConfig.kokoro_accents``).
+KOKORO_ACCENT_VOICES: tuple[TTSVoice, ...] = tuple(
+    TTSVoice("kokoro", v, kokoro_speaker(v)) for v in KOKORO_ACCENTED
 )
 
 #: The Piper voice (``neural_tts.py``): one American man.

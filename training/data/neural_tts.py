@@ -60,6 +60,20 @@ KOKORO_EXTRA_BLENDS: dict[str, dict[str, float]] = {
     "ext_kumo_alpha": {"jm_kumo": 1.25, "jf_alpha": -0.25},
     "ext_gongitsune_kumo": {"jf_gongitsune": 1.25, "jm_kumo": -0.25},
 }
+#: Training speakers (base voices and mixes) reading the phonemes of another espeak-ng accent,
+#: ``"<voice>@<accent>"``, rendered only with ``--kokoro-accents``: a natural voice with the
+#: vowels of Scotland, RP, Lancashire, the West Midlands, the Caribbean or New York
+#: ("down" is dˈʌʉn in Scottish, "up" ˈʊp in Lancashire). Each is its base voice's speaker.
+KOKORO_ACCENTED: tuple[str, ...] = (
+    "jm_kumo@en-gb-scotland",
+    "jf_alpha@en-gb-scotland",
+    "mix_gongitsune_kumo@en-gb-scotland",
+    "jf_gongitsune@en-gb-x-rp",
+    "jm_kumo@en-gb-x-gbclan",
+    "jf_alpha@en-gb-x-gbcwmd",
+    "mix_alpha_kumo@en-029",
+    "jf_gongitsune@en-us-nyc",
+)
 PIPER_VOICES = ("joe",)
 
 #: PyPI packages of each engine (the hint when one is missing).
@@ -74,7 +88,7 @@ PACKAGES = {
 _KOKORO_MAP = (
     ("eɪ", "A"), ("aɪ", "I"), ("aʊ", "W"), ("ɔɪ", "Y"), ("oʊ", "O"), ("əʊ", "O"),
     ("dʒ", "ʤ"), ("tʃ", "ʧ"), ("ɜː", "ɜɹ"), ("ɝ", "ɜɹ"), ("ɐ", "ə"), ("ː", ""),
-    ("ɫ", "l"), ("r", "ɹ"),
+    ("ɫ", "l"), ("r", "ɹ"), ("ʉ", "u"),
 )  # fmt: skip
 
 
@@ -156,13 +170,15 @@ def kokoro_style(voice: str) -> np.ndarray:
 
 
 def kokoro_synthesize(word: str, voice: str, speed: float) -> tuple[np.ndarray, int]:
-    """Speak ``word`` with a Kokoro voice at ``speed`` (1 = normal; > 1 faster)."""
+    """Speak ``word`` with a Kokoro voice at ``speed`` (1 = normal; > 1 faster); a voice
+    ``"<voice>@<accent>"`` reads the phonemes of that espeak-ng accent (default American)."""
     sess, vocab, _ = _kokoro()
-    phon = kokoro_phonemes(espeak_ipa(word))
+    base, _, accent = voice.partition("@")
+    phon = kokoro_phonemes(espeak_ipa(word, accent or "en-us"))
     tokens = [vocab[c] for c in phon if c in vocab]
     if not tokens:
         raise RuntimeError(f"kokoro: no phonemes for {word!r} ({phon!r})")
-    style = kokoro_style(voice)
+    style = kokoro_style(base)
     ref = style[min(len(tokens), len(style)) - 1].reshape(1, 256)
     feeds = {
         "tokens": np.array([[0, *tokens, 0]], np.int64),

@@ -88,6 +88,7 @@ class KWSOptions:
     p_morph: float = 0.25  # share of morphed voices' words, with --morphs
     balance_engines: bool = False  # draw a word's engine uniformly, then one of its clips
     kokoro_extra: bool = False  # eight more Kokoro mixes of the training speakers (train only)
+    kokoro_accents: bool = False  # Kokoro training speakers reading other accents (train only)
     freq_masks: int = 0  # SpecAugment (training/spec_augment.py): mel-band spans masked per window
     freq_mask_width: int = 7  # each spans fewer than this many bands
     time_masks: int = 0  # SpecAugment: frame spans masked per window
@@ -97,7 +98,9 @@ class KWSOptions:
 def corpus_config(opts: KWSOptions, seed: int) -> CorpusConfig:
     """The corpus of a run: the full one, or a tiny one for tests."""
     if not opts.tiny_corpus:
-        return CorpusConfig(seed=seed, kokoro_extra=opts.kokoro_extra)
+        return CorpusConfig(
+            seed=seed, kokoro_extra=opts.kokoro_extra, kokoro_accents=opts.kokoro_accents
+        )
     return CorpusConfig(
         seed=seed,
         accents=("en-us",),

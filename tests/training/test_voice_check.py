@@ -1,0 +1,33 @@
+"""`training.voice_check`: per-voice figures of a model on chosen corpus voices."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from training.data.corpus import CorpusConfig
+from training.data.vocab import unknown_words
+from training.voice_check import check_voices
+
+SHIPPED = Path(__file__).resolve().parents[2] / "models" / "speech-commands"
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng")
+@pytest.mark.skipif(not (SHIPPED / "config.json").exists(), reason="no shipped speech model")
+def test_the_shipped_model_knows_two_training_espeak_voices(tmp_path):
+    cfg = CorpusConfig(
+        engines=("espeak",),
+        accents=("en-us",),
+        variants=("m1", "f2"),
+        espeak_command_renditions=1,
+        espeak_unknown_per_voice=4,
+        unknown=unknown_words()[:8],
+    )
+    per_voice = check_voices(str(SHIPPED), cfg, ["espeak"], str(tmp_path))
+    assert set(per_voice) == {"espeak:en-us+m1", "espeak:en-us+f2"}
+    for r in per_voice.values():
+        # (about 1.0 on espeak-ng training voices; a label mix-up would give ~0.1)
+        assert r["command_accuracy"] >= 0.7, r
+        assert 0.0 <= r["unknown_accepted"] <= 1.0
