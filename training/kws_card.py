@@ -25,7 +25,12 @@ from typing import Any
 
 from dlr_runtime import read_header
 from training.data.engines import FESTIVAL_ACCENTED
-from training.data.neural_tts import KOKORO_BASE, KOKORO_BLENDS
+from training.data.neural_tts import (
+    KOKORO_ACCENTED,
+    KOKORO_BASE,
+    KOKORO_BLENDS,
+    KOKORO_EXTRA_BLENDS,
+)
 from training.data.rooms import RoomConfig
 from training.data.sc12 import WindowConfig
 from training.data.vocab import unknown_words
@@ -247,6 +252,23 @@ def card(
             )
             + "."
         )
+    for flag, what in (
+        ("kokoro_extra", f"{len(KOKORO_EXTRA_BLENDS)} more mixes of the Kokoro training speakers"),
+        (
+            "kokoro_accents",
+            f"{len(KOKORO_ACCENTED)} Kokoro voices of training speakers reading another "
+            "espeak-ng accent's phonemes ("
+            + ", ".join(f"`{v}`" for v in KOKORO_ACCENTED)
+            + "), each counted as its speaker",
+        ),
+    ):
+        n = sum(bool(o.get(flag)) for o in runs_opts)
+        if n:
+            extras.append(
+                f"More training voices (`training/data/neural_tts.py`): {what}"
+                + (f", in {n} of the {len(runs_opts)} runs averaged" if len(runs_opts) > 1 else "")
+                + "."
+            )
     if masked:
         o = masked[0]
         share = (
