@@ -8,7 +8,9 @@ the model already gets right add little, voices it misses are new to it.
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -16,15 +18,22 @@ import torch
 from dlr_runtime import load_checkpoint
 from training.data.corpus import CorpusConfig, all_tts_voices, generate
 from training.data.rooms import rir_bank
-from training.data.sc12 import WordPool, clip_windows
+from training.data.sc12 import SIL, UNK, WordPool, clip_windows
 from training.eval_speech import clip_report, frame_scores
+
+
+@dataclass
+class VoiceCheck:
+    per_voice: dict[str, dict]  # `clip_report`'s per-voice figures
+    accepted: Counter[tuple[str, str]]  # (unknown word, command it was taken for) -> clips
 
 
 def check_voices(
     model_dir: str, cfg: CorpusConfig, engines: Sequence[str], cache_dir: str, workers: int = 1
-) -> dict[str, dict]:
-    """`clip_report`'s per-voice figures of the model on every voice of `engines` in `cfg`."""
+) -> VoiceCheck:
+    """The model on the clean clips of every voice of `engines` in `cfg`."""
     model = load_checkpoint(model_dir).eval()
+    labels = list(model.config.labels)
     voices = [v for v in all_tts_voices(cfg) if v.engine in engines]
     clips = generate(cfg, cache_dir, workers, voices=voices)
     pool = WordPool.from_voices([clips[v.key] for v in voices])
@@ -32,7 +41,13 @@ def check_voices(
     with torch.no_grad():
         audio = clip_windows(pool, idx, rir_bank(cache_dir, seed=cfg.seed), 11, augment=False)
         pred = frame_scores(model, audio)[:, -1].argmax(-1).numpy()
-    return clip_report(pred, pool.labels, pool.engines, pool.voices)["per_voice"]
+    taken = (pool.labels == UNK) & (pred < SIL)
+    accepted = Counter(
+        zip(pool.words[taken].tolist(), [labels[i] for i in pred[taken]], strict=True)
+    )
+    return VoiceCheck(
+        clip_report(pred, pool.labels, pool.engines, pool.voices)["per_voice"], accepted
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -44,16 +59,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--cache-dir", default="runs/sc12cache")
     p.add_argument("--workers", type=int, default=1, help="processes rendering missing clips")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--accepted", type=int, default=20, help="list the N most accepted unknowns")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     cfg = CorpusConfig(kokoro_extra=args.kokoro_extra, kokoro_accents=args.kokoro_accents)
     engines = args.engine or list(cfg.engines)
-    per_voice = check_voices(args.model_dir, cfg, engines, args.cache_dir, args.workers)
+    check = check_voices(args.model_dir, cfg, engines, args.cache_dir, args.workers)
     print(f"{'voice':44s} {'commands':>9s} {'unknown accepted':>17s}")
-    for voice, r in per_voice.items():
+    for voice, r in check.per_voice.items():
         unk = r["unknown_accepted"]
         unk_s = "-" if unk is None else f"{100 * unk:.1f} %"
         print(f"{voice:44s} {100 * r['command_accuracy']:7.1f} % {unk_s:>17s}")
+    if args.accepted:
+        print(f"\nunknown words accepted most often (clips, over {len(check.per_voice)} voices):")
+        for (word, command), n in check.accepted.most_common(args.accepted):
+            print(f"  {word:>12s} -> {command:6s} {n}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from training.data.corpus import CorpusConfig
+from training.data.labels import SC10_LABELS
 from training.data.vocab import unknown_words
 from training.voice_check import check_voices
 
@@ -25,9 +26,13 @@ def test_the_shipped_model_knows_two_training_espeak_voices(tmp_path):
         espeak_unknown_per_voice=4,
         unknown=unknown_words()[:8],
     )
-    per_voice = check_voices(str(SHIPPED), cfg, ["espeak"], str(tmp_path))
-    assert set(per_voice) == {"espeak:en-us+m1", "espeak:en-us+f2"}
-    for r in per_voice.values():
+    check = check_voices(str(SHIPPED), cfg, ["espeak"], str(tmp_path))
+    assert set(check.per_voice) == {"espeak:en-us+m1", "espeak:en-us+f2"}
+    for r in check.per_voice.values():
         # (about 1.0 on espeak-ng training voices; a label mix-up would give ~0.1)
         assert r["command_accuracy"] >= 0.7, r
         assert 0.0 <= r["unknown_accepted"] <= 1.0
+    unknown_clips = 2 * cfg.espeak_unknown_per_voice
+    accepted = sum(r["unknown_accepted"] for r in check.per_voice.values()) / 2 * unknown_clips
+    assert sum(check.accepted.values()) == round(accepted)
+    assert all(w in cfg.unknown and c in SC10_LABELS for w, c in check.accepted)
