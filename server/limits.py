@@ -138,7 +138,8 @@ class ConnectionCap:
     """At most `max_connections_per_client` open WebSockets per client address (0 = no cap):
     one more is refused at the handshake (429 `too_many_connections`; close 1013 where the
     server cannot answer in HTTP), so one address cannot hold every socket or slot.
-    `gauge` (dlr_open_websockets) counts the accepted ones until their handler returns."""
+    `gauge` (dlr_open_websockets) counts every WebSocket until its handler (or its refusal)
+    returns."""
 
     def __init__(self, app: ASGIApp, settings: Settings, gauge: Gauge | None = None) -> None:
         self.app = app

@@ -53,7 +53,12 @@ def check_voices(
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model_dir")
-    p.add_argument("--engine", action="append", help="engines to score (default: all)")
+    p.add_argument(
+        "--engine",
+        action="append",
+        choices=CorpusConfig().engines,
+        help="engines to score (default: all)",
+    )
     p.add_argument("--kokoro-extra", action="store_true", help="with the extra Kokoro mixes")
     p.add_argument("--kokoro-accents", action="store_true", help="with the accented Kokoro voices")
     p.add_argument("--cache-dir", default="runs/sc12cache")

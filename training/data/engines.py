@@ -104,9 +104,6 @@ FESTIVAL_ACCENTED: tuple[TTSVoice, ...] = (
 FESTIVAL_VOICES: tuple[TTSVoice, ...] = FESTIVAL_ENGLISH + FESTIVAL_ACCENTED
 
 
-#: Kokoro-82M voices (``neural_tts.py``): five speakers, and mixes of the training speakers'
-#: voices, each a speaker of its own (a mix never includes a valid or test speaker of
-#: ``splits.py``'s ``final`` preset; a test checks it).
 def kokoro_speaker(voice: str) -> str:
     """The speaker of a Kokoro voice: a base voice's person, a mix, or (``"<voice>@<accent>"``)
     the speaker of the voice that reads another accent."""
@@ -114,6 +111,9 @@ def kokoro_speaker(voice: str) -> str:
     return "kokoro-" + (base.split("_", 1)[1] if base in KOKORO_BASE else base)
 
 
+#: Kokoro-82M voices (``neural_tts.py``): five speakers, and mixes of the training speakers'
+#: voices, each a speaker of its own (a mix never includes a valid or test speaker of
+#: ``splits.py``'s ``final`` preset; a test checks it).
 KOKORO_VOICES: tuple[TTSVoice, ...] = tuple(
     TTSVoice("kokoro", v, kokoro_speaker(v)) for v in KOKORO_BASE + tuple(KOKORO_BLENDS)
 )
