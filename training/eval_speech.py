@@ -23,6 +23,8 @@
    With ``--vad`` the streams go through the voice-activity gate first, as the server's
    continuous mode runs them by default (frames the gate skips are silence to the detector, and
    each opening feeds its pre-roll into the state the gate closed with; `dlr_runtime/vad.py`).
+   ``anatomy`` splits the mistakes at the operating point by kind (``stream_anatomy.py``):
+   false accepts by the word they fired on, missed commands by how close they came.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from training.data.rooms import rir_bank
 from training.data.sc12 import SIL, UNK, WordPool, clip_windows, silence_windows
 from training.operating_point import ChosenPoint, choose_point, global_point
 from training.recipes.kws import KWSOptions, load_split
+from training.stream_anatomy import anatomy
 from training.streams import StreamScore, build_stream, score, stream_scores
 
 THRESHOLDS = (
@@ -302,6 +305,11 @@ def _stream_eval(model, pools, rirs, seed, labels, frame_ms, base, opts, out) ->
     )
     res["test_at_operating_point"] = at.summary()
     res["valid_at_operating_point"] = chosen.valid.summary()
+    # what the mistakes at that point are made of (training/stream_anatomy.py)
+    res["anatomy"] = {
+        name: anatomy(per[name], labels, frame_ms, chosen.config).summary()
+        for name in ("valid", "test")
+    }
     res["test_per_command"] = {
         c: {
             "threshold": chosen.config.keywords.get(c, chosen.config.threshold),

@@ -4,7 +4,7 @@ A stream is minutes of audio from one split's voices: commands, unknown words an
 silence/noise at random gaps (0.4-4 s), over a continuous background (coloured noise, hum or
 babble at 5-30 dB SNR, changing every ~20 s), each word through the room augmentation
 (speed, reverb) and the whole stream through a random channel. Ground truth keeps every word's
-label, start and end.
+label, start and end, and its signal-to-noise ratio (before the channel).
 
 Scoring (:func:`score`) runs the one decision rule (``dlr_runtime.kws.KeywordSpotter``) over
 the model's per-frame scores. A command counts as detected when a detection with its label
@@ -17,7 +17,7 @@ time - end of the word (negative when it fired during the word).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ class Event:
     voice: str
     start: int
     end: int
+    snr_db: float = float("nan")  # the word's power against the background's over start..end
 
 
 @dataclass
@@ -96,10 +97,18 @@ def build_stream(
         m = min(seg, n - s)
         snr = float(rng.uniform(5.0, 30.0))
         out[s : s + m] += background(m, rng, babble) * np.float32(ref / 10 ** (snr / 20))
+    events = [_with_snr(e, speech, out - speech) for e in events]
     out = channel(out, room, rng)
     peak = float(np.max(np.abs(out))) + 1e-9
     out = out * np.float32(min(1.0, 0.9 / peak) * 10 ** (rng.uniform(-10, 0) / 20))
     return Stream(np.clip(out, -1, 1).astype(np.float32), events)
+
+
+def _with_snr(e: Event, speech: np.ndarray, bg: np.ndarray) -> Event:
+    """`e` with its signal-to-noise ratio: speech over background power in its span."""
+    sp = np.mean(speech[e.start : e.end].astype(np.float64) ** 2)
+    noise = np.mean(bg[e.start : e.end].astype(np.float64) ** 2)
+    return replace(e, snr_db=float(10 * np.log10((sp + 1e-20) / (noise + 1e-20))))
 
 
 @torch.no_grad()

@@ -109,6 +109,11 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     assert streams["operating_point"]["smooth_ms"] in (60.0, 200.0)
     n = sum(c["commands"] for c in streams["test_per_command"].values())
     assert n == streams["test_at_operating_point"]["commands"]
+    # the mistakes at that point, by kind: every miss and every false accept is put somewhere
+    at, anat = streams["test_at_operating_point"], streams["anatomy"]["test"]
+    assert anat["commands"] == at["commands"]
+    assert sum(anat["misses"].values()) == at["commands"] - round(at["recall"] * at["commands"])
+    assert sum(anat["false_accepts"].values()) == at["false_accepts"]
     assert load_checkpoint(out / "model").checkpoint_metadata["detection"] == point  # untouched
     # the streams through the voice-activity gate, as the server's continuous mode runs them
     gated = tmp_path / "gated"
