@@ -326,7 +326,37 @@ def test_balance_engines_draws_each_engine_equally_and_default_draws_by_clips():
     assert all(torch.equal(a[i][0], b[i][0]) for i in range(4))
 
 
-@pytest.mark.parametrize("field", ["p_espeak", "p_morph"])
+@pytest.mark.parametrize("balance", [False, True])
+def test_p_near_miss_draws_that_share_of_unknown_words_among_the_near_misses(balance):
+    from dataclasses import replace
+
+    words = ["now", "cat", "house", "dawn", "bird", "tree"]  # two near misses of six
+    voices = []
+    for vc in _voices():
+        w = vc.words.copy()
+        w[vc.labels == UNK] = words
+        voices.append(replace(vc, words=w))
+    pool = WordPool.from_voices(voices)
+
+    def near_share(p: float) -> float:
+        cfg = WindowConfig(p_near_miss=p, balance_engines=balance)
+        ds = KWSWindows(pool, [], cfg, length=1)
+        rng = np.random.default_rng(0)
+        picks = [ds._pick(UNK, rng) for _ in range(3000)]
+        assert (pool.labels[picks] == UNK).all()
+        return float(np.isin(pool.words[picks], ["now", "dawn"]).mean())
+
+    assert 0.28 < near_share(0.0) < 0.39  # as their share of the words
+    assert 0.61 < near_share(0.5) < 0.72  # 0.5 + 0.5 / 3
+    assert near_share(1.0) == 1.0
+    # commands are drawn as before: the share only moves unknown words
+    ds = KWSWindows(pool, [], WindowConfig(p_near_miss=1.0), length=1)
+    rng_a, rng_b = np.random.default_rng(1), np.random.default_rng(1)
+    plain = KWSWindows(pool, [], WindowConfig(), length=1)
+    assert [ds._pick(c, rng_a) for c in range(10)] == [plain._pick(c, rng_b) for c in range(10)]
+
+
+@pytest.mark.parametrize("field", ["p_espeak", "p_morph", "p_near_miss"])
 def test_word_mix_shares_outside_zero_one_are_refused(field):
     from training.config import TrainConfig
     from training.modelopts import ModelOptions

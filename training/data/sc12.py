@@ -17,7 +17,10 @@ Commands, unknown words and word-less windows are drawn 55/30/15, and the engine
 out; where the pool holds morphed voices (``morph.py``), a word comes from them with
 probability ``p_morph`` first. Inside a group a clip is drawn uniformly, so an engine weighs
 as much as its clips; ``balance_engines`` draws the engine first (festival's ten training
-voices then weigh as much as flite's three).
+voices then weigh as much as flite's three). With ``p_near_miss``, that share of the unknown
+words is drawn among the near misses of a command (``vocab.NEAR_MISSES``: "goat", "yet",
+"dawn", ...), the words a keyword spotter most often fires on; by default every unknown word is
+alike, and near misses are about a fifth of them.
 
 Evaluation clips (:func:`clip_windows`) are 1.5 s windows whose word ends 0.15-0.45 s before
 the end (the last frame's scores are the clip's prediction, as in the server's utterance mode),
@@ -36,7 +39,7 @@ from torch.utils.data import Dataset
 from training.data.corpus import VoiceClips
 from training.data.labels import SAMPLE_RATE, SC10_LABELS
 from training.data.rooms import RoomConfig, background, channel, level, word_effects
-from training.data.vocab import SC12_LABELS, SILENCE, UNKNOWN
+from training.data.vocab import NEAR_MISSES, SC12_LABELS, SILENCE, UNKNOWN
 
 IGNORE = -100
 SIL = SC12_LABELS.index(SILENCE)
@@ -60,6 +63,8 @@ class WindowConfig:
     p_morph: float = 0.25  # share of morphed voices' clips (data/morph.py), where the pool has them
     balance_engines: bool = False  # inside a group, draw the engine first (uniformly), then a
     # clip of it; False: a clip of the group (engines weighted by their clip counts)
+    p_near_miss: float = 0.0  # an unknown word is drawn among the near misses of a command
+    # (vocab.NEAR_MISSES) with this probability; 0: among every unknown word, no extra draw
     vtlp_prob: float = 0.8  # warp the front end's frequency axis
     vtlp: tuple[float, float] = (0.85, 1.18)
     room: RoomConfig = field(default_factory=RoomConfig)
@@ -152,21 +157,28 @@ class KWSWindows(Dataset):
         self.pool, self.rirs, self.cfg, self.seed, self.length = pool, rirs, cfg, seed, length
         self.epoch = 0
         esp, morph = pool.engines == "espeak", pool.morphed
+        near = np.isin(pool.words, NEAR_MISSES) & (pool.labels == UNK)
         self.by_group: dict[tuple[str, int], list[np.ndarray]] = {}  # one array per engine
         # with balance_engines, else one for the group
+        self.near_by_group: dict[str, list[np.ndarray]] = {}  # the same for near-miss words
         for g, mask in (("espeak", esp & ~morph), ("other", ~esp & ~morph), ("morph", morph)):
             for lab in range(len(SC12_LABELS)):
                 idx = np.flatnonzero(mask & (pool.labels == lab))
-                if not len(idx):
-                    continue
-                if cfg.balance_engines:
-                    engines = pool.engines[idx]
-                    self.by_group[(g, lab)] = [idx[engines == e] for e in np.unique(engines)]
-                else:
-                    self.by_group[(g, lab)] = [idx]
+                if len(idx):
+                    self.by_group[(g, lab)] = self._per_engine(idx)
+            idx = np.flatnonzero(mask & near)
+            if len(idx):
+                self.near_by_group[g] = self._per_engine(idx)
         self.groups = sorted({g for g, _ in self.by_group})
         unk = np.flatnonzero(pool.labels == UNK)
         self._babble_idx = unk if len(unk) else np.arange(len(pool))
+
+    def _per_engine(self, idx: np.ndarray) -> list[np.ndarray]:
+        """`idx` split by engine with balance_engines, else as one array."""
+        if not self.cfg.balance_engines:
+            return [idx]
+        engines = self.pool.engines[idx]
+        return [idx[engines == e] for e in np.unique(engines)]
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -176,7 +188,8 @@ class KWSWindows(Dataset):
 
     def _pick(self, label: int, rng: np.random.Generator) -> int:
         """A clip of `label`: from a morph with p_morph, else espeak-ng with p_espeak (with
-        `balance_engines`, an engine of the group is drawn first)."""
+        `balance_engines`, an engine of the group is drawn first); an unknown word is a near
+        miss of a command with p_near_miss."""
         groups = [g for g in self.groups if (g, label) in self.by_group]
         if "morph" in groups and (len(groups) == 1 or rng.random() < self.cfg.p_morph):
             g = "morph"
@@ -187,6 +200,9 @@ class KWSWindows(Dataset):
             else:
                 g = groups[0]
         per_engine = self.by_group[(g, label)]
+        near = label == UNK and self.cfg.p_near_miss > 0 and g in self.near_by_group
+        if near and rng.random() < self.cfg.p_near_miss:  # (no draw when the share is 0)
+            per_engine = self.near_by_group[g]
         # (no engine draw for a single array: the default draws the same clips as before)
         idx = per_engine[rng.integers(len(per_engine))] if len(per_engine) > 1 else per_engine[0]
         return int(idx[rng.integers(len(idx))])

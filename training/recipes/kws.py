@@ -87,6 +87,8 @@ class KWSOptions:
     p_espeak: float = 0.4  # share of espeak-ng words among the unmorphed ones (data/sc12.py)
     p_morph: float = 0.25  # share of morphed voices' words, with --morphs
     balance_engines: bool = False  # draw a word's engine uniformly, then one of its clips
+    p_near_miss: float = 0.0  # share of unknown words drawn from the near misses of a command
+    # (data/vocab.py NEAR_MISSES); 0: every unknown word alike
     kokoro_extra: bool = False  # eight more Kokoro mixes of the training speakers (train only)
     kokoro_accents: bool = False  # Kokoro training speakers reading other accents (train only)
     freq_masks: int = 0  # SpecAugment (training/spec_augment.py): mel-band spans masked per window
@@ -192,7 +194,11 @@ class KWSRecipe(Recipe):
             )
         if opts.morphs < 0:
             raise ValueError(f"--morphs must be >= 0, got {opts.morphs}")
-        for flag, p in (("--p-espeak", opts.p_espeak), ("--p-morph", opts.p_morph)):
+        for flag, p in (
+            ("--p-espeak", opts.p_espeak),
+            ("--p-morph", opts.p_morph),
+            ("--p-near-miss", opts.p_near_miss),
+        ):
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"{flag} must be in [0, 1], got {p}")
         self.specaug = SpecAugmentConfig(
@@ -222,6 +228,7 @@ class KWSRecipe(Recipe):
             p_espeak=o.p_espeak,
             p_morph=o.p_morph,
             balance_engines=o.balance_engines,
+            p_near_miss=o.p_near_miss,
         )
         self.train_set = KWSWindows(
             self.pools["train"], self.rirs, wcfg, self.seed, o.epoch_windows
