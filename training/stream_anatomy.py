@@ -101,7 +101,8 @@ def anatomy(
     out = Anatomy()
     for scores, stream in per_stream:
         out.hours += stream.hours
-        dets = KeywordSpotter(labels, frame_ms, config).run(scores)
+        spot.reset()  # (one detector, a fresh state per stream)
+        dets = spot.run(scores)
         m = match(dets, stream.events, labels, max_delay_s)
         hit = {id(e) for e in m.hits}
         smooth = smoothed_posteriors(scores, spot.k)
