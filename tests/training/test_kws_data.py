@@ -365,3 +365,16 @@ def test_word_mix_shares_outside_zero_one_are_refused(field):
     flag = "--" + field.replace("_", "-")
     with pytest.raises(ValueError, match=f"{flag} must be in"):
         KWSRecipe(KWSOptions(**{field: 1.5}), ModelOptions(), TrainConfig())
+
+
+def test_snr_min_db_sets_the_low_end_of_the_training_windows_snr():
+    from training.config import TrainConfig
+    from training.data.rooms import RoomConfig
+    from training.modelopts import ModelOptions
+    from training.recipes.kws import KWSOptions, KWSRecipe, window_config
+
+    assert window_config(KWSOptions()) == WindowConfig()  # the default draws as before
+    assert window_config(KWSOptions(snr_min_db=-10.0)).room.snr_db == (-10.0, 30.0)
+    assert window_config(KWSOptions(snr_min_db=-10.0)).room == RoomConfig(snr_db=(-10.0, 30.0))
+    with pytest.raises(ValueError, match="--snr-min-db must be below 30"):
+        KWSRecipe(KWSOptions(snr_min_db=30.0), ModelOptions(), TrainConfig())

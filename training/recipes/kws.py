@@ -41,7 +41,7 @@ from training.config import TrainConfig
 from training.data import codecs, morph
 from training.data.corpus import CorpusConfig, all_tts_voices, generate
 from training.data.labels import SAMPLE_RATE
-from training.data.rooms import rir_bank
+from training.data.rooms import RoomConfig, rir_bank
 from training.data.sc12 import (
     IGNORE,
     SIL,
@@ -89,6 +89,8 @@ class KWSOptions:
     balance_engines: bool = False  # draw a word's engine uniformly, then one of its clips
     p_near_miss: float = 0.0  # share of unknown words drawn from the near misses of a command
     # (data/vocab.py NEAR_MISSES); 0: every unknown word alike
+    snr_min_db: float = 0.0  # low end (dB) of the windows' speech-to-background ratio (to 30)
+    # (data/rooms.py RoomConfig.snr_db)
     kokoro_extra: bool = False  # eight more Kokoro mixes of the training speakers (train only)
     kokoro_accents: bool = False  # Kokoro training speakers reading other accents (train only)
     freq_masks: int = 0  # SpecAugment (training/spec_augment.py): mel-band spans masked per window
@@ -137,6 +139,19 @@ def load_split(opts: KWSOptions, seed: int) -> dict[str, WordPool]:
             coded = [codecs.coded_voice(opts.cache_dir, ccfg, vc) for vc in tqdm(clean, "codecs")]
         pools[name] = WordPool.from_voices(clean, coded)
     return pools
+
+
+def window_config(opts: KWSOptions) -> WindowConfig:
+    """The training windows of a run (data/sc12.py), from its options."""
+    return WindowConfig(
+        window_s=opts.window_s,
+        stride=opts.frame_stride,
+        p_espeak=opts.p_espeak,
+        p_morph=opts.p_morph,
+        balance_engines=opts.balance_engines,
+        p_near_miss=opts.p_near_miss,
+        room=RoomConfig(snr_db=(opts.snr_min_db, RoomConfig().snr_db[1])),
+    )
 
 
 class WarpedFrontend:
@@ -194,6 +209,9 @@ class KWSRecipe(Recipe):
             )
         if opts.morphs < 0:
             raise ValueError(f"--morphs must be >= 0, got {opts.morphs}")
+        snr_max = RoomConfig().snr_db[1]
+        if not opts.snr_min_db < snr_max:
+            raise ValueError(f"--snr-min-db must be below {snr_max:g}, got {opts.snr_min_db}")
         for flag, p in (
             ("--p-espeak", opts.p_espeak),
             ("--p-morph", opts.p_morph),
@@ -222,16 +240,8 @@ class KWSRecipe(Recipe):
         o = self.opts
         self.pools = load_split(o, self.seed)
         self.rirs = rir_bank(o.cache_dir, seed=self.seed)
-        wcfg = WindowConfig(
-            window_s=o.window_s,
-            stride=o.frame_stride,
-            p_espeak=o.p_espeak,
-            p_morph=o.p_morph,
-            balance_engines=o.balance_engines,
-            p_near_miss=o.p_near_miss,
-        )
         self.train_set = KWSWindows(
-            self.pools["train"], self.rirs, wcfg, self.seed, o.epoch_windows
+            self.pools["train"], self.rirs, window_config(o), self.seed, o.epoch_windows
         )
         self.sampler = ShardedSampler(len(self.train_set), self.seed, ctx.rank, ctx.world_size)
         valid = self.pools["valid"]
