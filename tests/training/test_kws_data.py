@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -328,7 +329,6 @@ def test_balance_engines_draws_each_engine_equally_and_default_draws_by_clips():
 
 @pytest.mark.parametrize("balance", [False, True])
 def test_p_near_miss_draws_that_share_of_unknown_words_among_the_near_misses(balance):
-    from dataclasses import replace
 
     words = ["now", "cat", "house", "dawn", "bird", "tree"]  # two near misses of six
     voices = []
@@ -378,3 +378,33 @@ def test_snr_min_db_sets_the_low_end_of_the_training_windows_snr():
     assert window_config(KWSOptions(snr_min_db=-10.0)).room == RoomConfig(snr_db=(-10.0, 30.0))
     with pytest.raises(ValueError, match="--snr-min-db must be below 30"):
         KWSRecipe(KWSOptions(snr_min_db=30.0), ModelOptions(), TrainConfig())
+
+
+def test_onset_max_s_lets_the_first_word_start_later_in_a_longer_window():
+    from training.config import TrainConfig
+    from training.modelopts import ModelOptions
+    from training.recipes.kws import KWSOptions, KWSRecipe, window_config
+
+    pool = WordPool.from_voices(_voices())
+    stride = WindowConfig().stride
+
+    def first_word_s(cfg: WindowConfig) -> list[float]:
+        ds = KWSWindows(pool, [], replace(cfg, p_command=1.0, p_unknown=0.0), length=60)
+        out = []
+        for i in range(len(ds)):
+            t = ds[i][1].numpy()
+            out.append(
+                float(np.flatnonzero(t != SIL)[0] * stride / 16000) if (t != SIL).any() else 0
+            )
+        return out
+
+    early = first_word_s(WindowConfig())
+    late = first_word_s(WindowConfig(window_s=4.8, onset_max_s=3.0))
+    assert max(early) <= 0.9 + 0.03  # a frame after the latest default onset
+    assert max(late) > 1.5 and max(late) <= 3.0 + 0.03
+    a = KWSWindows(pool, [], WindowConfig(), seed=3, length=2)
+    b = KWSWindows(pool, [], WindowConfig(onset_max_s=0.9), seed=3, length=2)
+    assert all(torch.equal(a[i][0], b[i][0]) for i in range(2))  # the default draws as before
+    assert window_config(KWSOptions(window_s=4.8, onset_max_s=3.0)).onset_max_s == 3.0
+    with pytest.raises(ValueError, match="--onset-max-s must be in"):
+        KWSRecipe(KWSOptions(onset_max_s=2.4), ModelOptions(), TrainConfig())

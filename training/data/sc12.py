@@ -52,6 +52,8 @@ class WindowConfig:
     """Shape of the training windows and their targets."""
 
     window_s: float = 2.4  # length of a training window
+    onset_max_s: float = 0.9  # the first word starts between -0.2 s and this (the window's
+    # state starts at zero, so later onsets show the model words after longer context)
     stride: int = 320  # samples per model frame (targets are per frame)
     hold_s: float = 0.5  # the label holds this long after the word ends
     settle_s: float = 0.04  # ignored right after the end (reverb tail, frame rounding)
@@ -223,7 +225,7 @@ class KWSWindows(Dataset):
         frame_end = (np.arange(n_frames) + 1) * cfg.stride  # sample time of each output
         has_word = rng.random() < cfg.p_command + cfg.p_unknown
         n_words = (2 if rng.random() < cfg.p_two_words else 1) if has_word else 0
-        pos = int(rng.uniform(-0.2, 0.9) * SAMPLE_RATE)
+        pos = int(rng.uniform(-0.2, cfg.onset_max_s) * SAMPLE_RATE)
         power, count = 0.0, 0
         sr = SAMPLE_RATE
         for _ in range(n_words):

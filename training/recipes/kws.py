@@ -76,6 +76,7 @@ class KWSOptions:
     feature_norm_s: float = 0.0  # causal mean subtraction from the front-end features, time
     # constant (s); 0 = off (dlr_runtime/feature_norm.py)
     window_s: float = 2.4  # training window length
+    onset_max_s: float = 0.9  # latest start of a window's first word (s; from -0.2)
     epoch_windows: int = 19200  # training windows per epoch
     valid_clips: int = 1200  # valid clips scored per evaluation (0: all)
     valid_silence: int = 200  # word-less valid windows per evaluation
@@ -145,6 +146,7 @@ def window_config(opts: KWSOptions) -> WindowConfig:
     """The training windows of a run (data/sc12.py), from its options."""
     return WindowConfig(
         window_s=opts.window_s,
+        onset_max_s=opts.onset_max_s,
         stride=opts.frame_stride,
         p_espeak=opts.p_espeak,
         p_morph=opts.p_morph,
@@ -209,6 +211,11 @@ class KWSRecipe(Recipe):
             )
         if opts.morphs < 0:
             raise ValueError(f"--morphs must be >= 0, got {opts.morphs}")
+        if not -0.2 < opts.onset_max_s < opts.window_s:
+            raise ValueError(
+                f"--onset-max-s must be in (-0.2, --window-s {opts.window_s:g}), "
+                f"got {opts.onset_max_s}"
+            )
         snr_max = RoomConfig().snr_db[1]
         if not opts.snr_min_db < snr_max:
             raise ValueError(f"--snr-min-db must be below {snr_max:g}, got {opts.snr_min_db}")

@@ -13,7 +13,9 @@ recall within 10 false accepts per hour at 300 and 400 ms smoothing:
 - ``zeros2s`` / ``noise-60dB2s``: the state after 2 s of digital silence / of -60 dBFS white
   noise from zero (a "steady silence" state).
 
-    PYTHONPATH=. python training/cards/probes/gate_start_state.py valid 60 zero,resume,decay
+    PYTHONPATH=. python training/cards/probes/gate_start_state.py valid 60 zero,resume,decay [MODEL]
+
+MODEL: a model directory (default: the shipped models/speech-commands).
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ from training.streams import score
 State = dict[str, torch.Tensor]
 
 
-def main(voices: str, minutes: float, modes: list[str]) -> None:
+def main(voices: str, minutes: float, modes: list[str], model_dir: str) -> None:
     torch.set_num_threads(1)
-    model = load_checkpoint("models/speech-commands").eval()
+    model = load_checkpoint(model_dir).eval()
     pools = load_split(KWSOptions(split="final"), 0)
     rirs = rir_bank(KWSOptions().cache_dir, seed=0)
     streams = eval_streams(pools[voices], minutes, 5.0, rirs, 2 if voices == "valid" else 1)
@@ -109,4 +111,5 @@ def main(voices: str, minutes: float, modes: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], float(sys.argv[2]), sys.argv[3].split(","))
+    model_dir = sys.argv[4] if len(sys.argv) > 4 else "models/speech-commands"
+    main(sys.argv[1], float(sys.argv[2]), sys.argv[3].split(","), model_dir)
