@@ -42,7 +42,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     "byte-lm": {"d_model": 192, "d_state": 64, "n_layers": 4, "vocab_size": 258},  # shipped shape
 }
 
-_LATER: dict[str, Any] = {"frame_window": 0, "feature_norm_s": 0.0}  # field -> "not used" value
+_LATER: dict[str, Any] = {
+    "frame_window": 0,
+    "feature_norm_s": 0.0,
+    "min_decay": 0.0,
+}  # field -> "not used" value
 
 
 @dataclass
@@ -55,6 +59,9 @@ class DLRConfig:
     init: InitKind = "omega"  # omega: roots of unity pulled inside the circle; random phases
     dt_min: float = 1e-4  # smallest per-mode decay step of the init (|lambda| = exp(-dt/2))
     dt_max: float = 1e-1  # largest per-mode decay step of the init
+    min_decay: float = 0.0  # dlr layers: every mode decays by at least this per step,
+    # Re Lambda = -(p^2 + min_decay), so |lambda| <= exp(-min_decay) and no mode's time
+    # constant exceeds 1 / min_decay steps; 0 = the paper's (no bound)
     norm: NormKind = "layernorm"  # per-position norm (no batch statistics: stays causal)
     prenorm: bool = True  # norm before the layer (True) or after the residual add (False)
     glu: bool = True  # output projection H -> 2H followed by a GLU, else a plain H -> H linear
@@ -101,6 +108,10 @@ class DLRConfig:
             raise ValueError(
                 f"DLRConfig needs 0 < dt_min <= dt_max, got {self.dt_min}, {self.dt_max}"
             )
+        if not 0.0 <= self.min_decay < 1.0:
+            raise ValueError(f"DLRConfig.min_decay must be in [0, 1), got {self.min_decay}")
+        if self.min_decay and self.layer != "dlr":
+            raise ValueError("DLRConfig.min_decay applies to the dlr layer only")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"DLRConfig.dropout must be in [0, 1), got {self.dropout}")
         if self.decoder == "classifier" and len(self.labels) < 2:

@@ -10,7 +10,8 @@ K[h, l] = Re(sum_n C[h, n] B[h, n] lam[h, n]^l).
 
 The layers differ only in how (lam, B, C, D) are parameterised:
 - `DLRLayer`: the paper's diagonal linear RNN (Gupta, Mehta, Berant 2022): lam = exp(Lambda)
-  with Re Lambda = -p^2, B = 1, C = W. No discretisation.
+  with Re Lambda = -p^2, B = 1, C = W. No discretisation. `DLRConfig.min_decay` adds a floor,
+  Re Lambda = -(p^2 + min_decay): no mode outlives ~1 / min_decay steps (0: the paper's).
 - `S4DLayer`: S4D (Gu et al. 2022): continuous A per feature, ZOH-discretised with a per-feature
   dt; conjugate pairs are stored once, hence C = 2 * C_param.
 - `LRULayer`: the Linear Recurrent Unit (Orvieto et al. 2023) with a per-feature diagonal input:
@@ -112,13 +113,14 @@ class DLRLayer(DiagonalSSM):
             theta = (TWO_PI * torch.arange(n, dtype=torch.float64) / n).expand(lam_shape)
         else:
             theta = TWO_PI * torch.rand(lam_shape, generator=gen, dtype=torch.float64)
-        self.p = nn.Parameter(torch.sqrt(dt / 2).float())  # Re Lambda = -p^2 = -dt/2
+        self.min_decay = cfg.min_decay
+        self.p = nn.Parameter(torch.sqrt(dt / 2).float())  # Re Lambda = -p^2 = -dt/2 (+ floor)
         self.theta = nn.Parameter(theta.clone().float())  # Im Lambda
         self.W = nn.Parameter(torch.randn(h, n, 2, generator=gen) / n)  # complex C as pairs
         self.D = nn.Parameter(torch.randn(h, generator=gen))
 
     def recurrent_params(self) -> RecurrentParams:
-        log_lam = torch.complex(-(self.p.double() ** 2), self.theta.double())
+        log_lam = torch.complex(-(self.p.double() ** 2 + self.min_decay), self.theta.double())
         w = torch.view_as_complex(self.W.double().contiguous())
         return RecurrentParams(
             log_lam=log_lam,

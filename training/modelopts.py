@@ -25,6 +25,7 @@ class ModelOptions:
     init: str = "omega"  # omega (roots of unity) | random
     dt_min: float = 1e-4  # smallest decay step of the init
     dt_max: float = 1e-1  # largest decay step of the init
+    min_decay: float = 0.0  # dlr: decay floor per step, no mode outlives 1/min_decay steps
     norm: str = "layernorm"  # layernorm | rmsnorm | none
     prenorm: bool = True  # norm before each layer (else after the residual add)
     glu: bool = True  # GLU output projection

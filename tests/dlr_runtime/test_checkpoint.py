@@ -163,3 +163,19 @@ def test_config_json_round_trip() -> None:
     assert DLRConfig.from_json(cfg.to_json()) == cfg
     with pytest.raises(ValueError, match="unknown DLRConfig fields"):
         DLRConfig.from_dict({**cfg.to_dict(), "bogus": 1})
+
+
+def test_decay_floor_round_trips_and_older_configs_load_without_it(tmp_path: Path) -> None:
+    cfg = DLRConfig(d_model=8, d_state=4, n_layers=1, vocab_size=16, min_decay=0.002)
+    model = DLRModel(cfg, seed=0).eval()
+    path = save_checkpoint(model, tmp_path / "floor")
+    back = load_checkpoint(path)
+    assert back.config.min_decay == 0.002
+    x = torch.randint(0, 16, (1, 12))
+    with torch.no_grad():
+        assert torch.equal(back(x), model(x))
+    assert "min_decay" not in DLRConfig(d_model=8).to_dict()  # off: written as before
+    with pytest.raises(ValueError, match="min_decay must be in"):
+        DLRConfig(min_decay=-0.1)
+    with pytest.raises(ValueError, match="min_decay applies to the dlr layer only"):
+        DLRConfig(layer="lru", min_decay=0.01)

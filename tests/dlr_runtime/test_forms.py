@@ -84,6 +84,33 @@ def test_all_forms_agree_float64(encoder: str, layer: str, shared: bool, init: s
     assert rel(step, ref) < F64_TOL
 
 
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("encoder", ["tokens", "audio"])
+def test_decay_floor_bounds_every_mode_and_all_forms_agree(encoder: str, shared: bool) -> None:
+    """`min_decay` caps every mode's time constant and stays exact in every form (float64)."""
+    floor = 0.05
+    cfg = make(encoder, shared_lambda=shared, dt_min=1e-6, dt_max=1e-5, min_decay=floor)
+    model = DLRModel(cfg, seed=2).double().eval()
+    plain = DLRModel(make(encoder, shared_lambda=shared, dt_min=1e-6, dt_max=1e-5), seed=2)
+    for block, ref_block in zip(model.blocks, plain.blocks, strict=True):
+        re = block.ssm.recurrent_params().log_lam.real
+        assert float(re.max()) <= -floor  # no mode slower than 1 / floor steps
+        same_p = block.ssm.p.detach().double() ** 2  # the same parameters, floor added
+        assert torch.allclose(ref_block.ssm.recurrent_params().log_lam.real, -same_p, atol=1e-12)
+        assert torch.allclose(re, -(same_p + floor), atol=1e-12)
+    x = inputs(cfg, batch=2, length=160)
+    ref = reference_forward(model, x)
+    with torch.no_grad():
+        conv = model(x)
+    rec = to_recurrent(model, dtype=torch.complex128, max_block=40)
+    assert float(rec.log_lam.real.max()) <= -floor
+    chunk, _ = rec.chunk(x, rec.init_state(2))
+    step = run_steps(rec, x)
+    assert rel(conv, ref) < F64_TOL
+    assert rel(chunk, ref) < F64_TOL
+    assert rel(step, ref) < F64_TOL
+
+
 @pytest.mark.parametrize("encoder", ["tokens", "audio"])
 def test_all_forms_agree_float32(encoder: str) -> None:
     cfg = make(encoder, d_model=16, d_state=32, dt_min=1e-3)
