@@ -138,6 +138,30 @@ def stream_scores(
     return np.concatenate(outs)
 
 
+@torch.no_grad()
+def scores_after_context(
+    model: torch.nn.Module, context: torch.Tensor, audio: torch.Tensor, batch: int = 64
+) -> torch.Tensor:
+    """Last-frame class scores (N, C) of each of `audio` (N, L), run on from the state that
+    `context` (S,) leaves behind (the recurrent form, complex64): each clip as if it came
+    after that much of a stream, which the offline windows (state from zero) never show.
+    """
+    from dlr_runtime import to_recurrent
+
+    was = model.training
+    rec = to_recurrent(model.eval(), dtype=torch.complex64)  # on the model's device
+    model.train(was)
+    dev = rec.device
+    _, after = rec.chunk(context.to(dev, rec.rdtype).unsqueeze(0), rec.init_state(1))
+    outs = []
+    for s in range(0, len(audio), batch):
+        x = audio[s : s + batch].to(dev, rec.rdtype)
+        state = {k: v.expand(len(x), *v.shape[1:]).clone() for k, v in after.items()}
+        y, _ = rec.chunk(x, state)  # (b, F, C)
+        outs.append(y[:, -1].float().cpu())
+    return torch.cat(outs) if outs else torch.zeros(0, 0)
+
+
 @dataclass
 class StreamScore:
     threshold: float

@@ -52,6 +52,8 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["sizes"]["train"]["clips"] > 0
     assert (out / "curves.png").is_file()
+    for key in ("accuracy", "command_accuracy", "false_accept"):  # also after 60 s of stream
+        assert 0.0 <= summary["valid"][f"context_{key}"] <= 1.0
     split = summary["split"]
     assert not set(split["train"]) & (set(split["valid"]) | set(split["test"]))
     for form in ("complex64", "complex128"):

@@ -57,6 +57,7 @@ from training.data.vocab import SC12_LABELS, unknown_words
 from training.distributed import DistContext, ShardedSampler
 from training.modelopts import ModelOptions
 from training.spec_augment import SpecAugmentConfig, spec_augment
+from training.streams import build_stream, scores_after_context
 from training.trainer import Recipe
 
 TASK = "keyword-spotting-sc12"
@@ -80,6 +81,8 @@ class KWSOptions:
     epoch_windows: int = 19200  # training windows per epoch
     valid_clips: int = 1200  # valid clips scored per evaluation (0: all)
     valid_silence: int = 200  # word-less valid windows per evaluation
+    valid_context_s: float = 60.0  # valid clips are also scored after this much of a valid
+    # stream (context_* metrics: long-context state, as in a live stream); 0 = off
     vtlp: bool = True  # warp the mel filterbank per training window
     label_smoothing: float = 0.05  # cross-entropy label smoothing
     tiny_corpus: bool = False  # a few voices and words only (tests and smoke runs)
@@ -193,6 +196,20 @@ def last_frame_scores(model: nn.Module, audio: torch.Tensor, batch: int = 64) ->
     return torch.cat(outs) if outs else torch.zeros(0, len(SC12_LABELS))
 
 
+def clip_metrics(scores: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    """Accuracy, command accuracy, false accepts and loss of last-frame scores (N, C)."""
+    pred = scores.argmax(-1)
+    is_cmd = labels < SIL
+    rejected_ok = pred[~is_cmd] >= SIL
+    return {
+        "accuracy": float((pred == labels).float().mean()),
+        "command_accuracy": float((pred[is_cmd] == labels[is_cmd]).float().mean()),
+        "false_accept": float(1 - rejected_ok.float().mean()),
+        "loss": float(F.cross_entropy(scores, labels)),
+        "clips": float(len(labels)),
+    }
+
+
 class KWSRecipe(Recipe):
     name = "kws"
     primary = "accuracy"
@@ -262,6 +279,11 @@ class KWSRecipe(Recipe):
         self.valid_labels = torch.cat(
             [torch.from_numpy(valid.labels[idx]), torch.full((len(sil),), SIL)]
         )
+        self.valid_context: torch.Tensor | None = None
+        if o.valid_context_s > 0:
+            audio = build_stream(valid, o.valid_context_s / 60, self.rirs, self.seed).audio
+            keep = len(audio) // o.frame_stride * o.frame_stride  # whole frames
+            self.valid_context = torch.from_numpy(audio[:keep])
 
     def build_model(self) -> nn.Module:
         o = self.opts
@@ -323,18 +345,14 @@ class KWSRecipe(Recipe):
     def evaluate(self, model: nn.Module, device: torch.device, split: str = "valid") -> dict:
         was = model.training
         model.eval()
-        scores = last_frame_scores(model, self.valid_audio.to(device))
+        scores = last_frame_scores(model, self.valid_audio.to(device)).cpu()
+        out = clip_metrics(scores, self.valid_labels)
+        if self.valid_context is not None:
+            after = scores_after_context(model, self.valid_context, self.valid_audio)
+            ctx = clip_metrics(after, self.valid_labels)
+            out.update({f"context_{k}": v for k, v in ctx.items() if k != "clips"})
         model.train(was)
-        pred, lab = scores.argmax(-1).cpu(), self.valid_labels
-        is_cmd = lab < SIL
-        rejected_ok = pred[~is_cmd] >= SIL
-        return {
-            "accuracy": float((pred == lab).float().mean()),
-            "command_accuracy": float((pred[is_cmd] == lab[is_cmd]).float().mean()),
-            "false_accept": float(1 - rejected_ok.float().mean()),
-            "loss": float(F.cross_entropy(scores, lab.to(scores.device))),
-            "clips": float(len(lab)),
-        }
+        return out
 
     @torch.no_grad()
     def stream_check(self, model: nn.Module, dtype: torch.dtype) -> dict:
