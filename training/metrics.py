@@ -85,7 +85,7 @@ def plot_curves(
     if metrics is None:
         found = {k for r in evals for k, v in r.items() if isinstance(v, float)}
         metrics = sorted(found - {"loss", "epoch", "elapsed_s", "step", "clips", "tokens"})
-    keys = metrics
+    keys = [k for k in metrics if any(k in r for r in evals)]  # those the run reported
     for key in keys:
         pts = [(r["step"], r[key]) for r in evals if key in r]
         ax_r.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=key)

@@ -52,6 +52,7 @@ class Recipe(ABC):
     name: str = "recipe"
     primary: str = "loss"  # key of `evaluate`'s result that picks the best checkpoint
     higher_is_better: bool = False
+    plotted: tuple[str, ...] = ()  # more `evaluate` keys drawn beside `primary` in curves.png
     items_name: str = "samples"  # what `loss` counts (samples, tokens)
 
     def setup(self, ctx: DistContext) -> None:  # noqa: B027 - optional hook
@@ -324,7 +325,8 @@ class Trainer:
         }
         self.recipe.save_model(model, best_dir, summary)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-        MetricsLog(self.out).finish(f"{self.recipe.name}: {self.out.name}", [self.recipe.primary])
+        plotted = [self.recipe.primary, *self.recipe.plotted]
+        MetricsLog(self.out).finish(f"{self.recipe.name}: {self.out.name}", plotted)
         return summary
 
 

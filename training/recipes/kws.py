@@ -213,6 +213,7 @@ def clip_metrics(scores: torch.Tensor, labels: torch.Tensor) -> dict[str, float]
 class KWSRecipe(Recipe):
     name = "kws"
     primary = "accuracy"
+    plotted = ("context_accuracy",)  # the valid clips after a stream's worth of state
     higher_is_better = True
     items_name = "windows"
 
