@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from dlr_runtime import load_checkpoint
+from dlr_runtime.kws import KeywordSpotter, KWSConfig
 from training.data.rooms import rir_bank
 from training.data.sc12 import SIL, UNK, clip_windows
 from training.eval_speech import frame_scores
@@ -31,11 +32,12 @@ def main(model_dir: str, threshold: float, smooth_ms: float) -> None:
     torch.set_num_threads(1)
     model = load_checkpoint(model_dir).eval()
     cfg = model.config
-    k = max(1, int(round(smooth_ms / (1000 * cfg.frame_stride / cfg.sample_rate))))
+    frame_ms = 1000 * cfg.frame_stride / cfg.sample_rate
+    k = KeywordSpotter(list(cfg.labels), frame_ms, KWSConfig(smooth_ms=smooth_ms)).k  # its window
     test = load_split(KWSOptions(split="final"), 0)["test"]
     rirs = rir_bank(KWSOptions().cache_dir, seed=0)
     idx = np.arange(len(test))
-    lab, eng = test.labels[idx], test.engines[idx]
+    lab, eng = test.labels, test.engines
     for augment in (False, True):
         audio = clip_windows(test, idx, rirs, 11, augment=augment)  # eval_speech's seed + 11
         with torch.no_grad():

@@ -118,14 +118,8 @@ def _tables(rows: list, ways: tuple[str, ...]) -> dict[str, dict[str, dict[str, 
                 if not hit[g]:
                     c[f"{g}: missed, mostly closed"] += share[g] < 0.5
                     c[f"{g}: missed, ungated found"] += hit["ungated"]
-    order = {"snr": [*SNR_BANDS, "unknown"]}
-    return {
-        key: {
-            g: dict(table[g])
-            for g in sorted(table, key=lambda x: order.get(key, sorted(table)).index(x))
-        }
-        for key, table in out.items()
-    }
+    groups = {"snr": [*SNR_BANDS, "unknown"], "engine": sorted(out["engine"])}
+    return {key: {g: dict(out[key][g]) for g in groups[key] if g in out[key]} for key in out}
 
 
 if __name__ == "__main__":
