@@ -9,7 +9,10 @@ peaks at or above the threshold (and above 0.6), their median peak, and the shar
 words on which some command's smoothed posterior reaches the threshold.
 
     PYTHONPATH=. python training/cards/probes/clip_confidence.py [MODEL] [--threshold 0.86]
-        [--smooth-ms 300]
+        [--smooth-ms 300] [--split test|valid]
+
+``--split valid`` screens a candidate on the valid speakers (what a choice between trainings
+may look at); the card's figures are on ``test``.
 """
 
 from __future__ import annotations
@@ -28,13 +31,13 @@ from training.recipes.kws import KWSOptions, load_split
 from training.stream_anatomy import smoothed_posteriors
 
 
-def main(model_dir: str, threshold: float, smooth_ms: float) -> None:
+def main(model_dir: str, threshold: float, smooth_ms: float, split: str = "test") -> None:
     torch.set_num_threads(1)
     model = load_checkpoint(model_dir).eval()
     cfg = model.config
     frame_ms = 1000 * cfg.frame_stride / cfg.sample_rate
     k = KeywordSpotter(list(cfg.labels), frame_ms, KWSConfig(smooth_ms=smooth_ms)).k  # its window
-    test = load_split(KWSOptions(split="final"), 0)["test"]
+    test = load_split(KWSOptions(split="final"), 0)[split]
     rirs = rir_bank(KWSOptions().cache_dir, seed=0)
     idx = np.arange(len(test))
     lab, eng = test.labels, test.engines
@@ -63,5 +66,6 @@ if __name__ == "__main__":
     ap.add_argument("model", nargs="?", default="models/speech-commands")
     ap.add_argument("--threshold", type=float, default=0.86)
     ap.add_argument("--smooth-ms", type=float, default=300.0)
+    ap.add_argument("--split", choices=("test", "valid"), default="test")
     a = ap.parse_args()
-    main(a.model, a.threshold, a.smooth_ms)
+    main(a.model, a.threshold, a.smooth_ms, a.split)

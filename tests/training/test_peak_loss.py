@@ -1,0 +1,151 @@
+"""The peak-smoothed-posterior loss against a plain loop and against the detector's own value."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from training.data.sc12 import IGNORE, SIL, UNK
+from training.peak_loss import (
+    PeakLossConfig,
+    WordSpan,
+    peak_span_loss,
+    peak_span_loss_reference,
+    smoothed,
+    word_spans,
+)
+from training.stream_anatomy import smoothed_posteriors
+
+WORDS = [*range(SIL), UNK]
+WORD_T = torch.tensor(WORDS)
+
+
+def random_targets(gen: torch.Generator, b: int, f: int) -> torch.Tensor:
+    """Silence with IGNORE stretches and word runs, some of them back to back."""
+    t = torch.full((b, f), SIL)
+    for row in range(b):
+        pos = int(torch.randint(0, 5, (1,), generator=gen))
+        while pos < f - 2:
+            kind = int(torch.randint(0, 3, (1,), generator=gen))
+            n = int(torch.randint(1, 12, (1,), generator=gen))
+            if kind == 0:
+                t[row, pos : pos + n] = IGNORE
+            else:
+                t[row, pos : pos + n] = WORDS[int(torch.randint(len(WORDS), (1,), generator=gen))]
+            pos += n + int(torch.randint(0, 4, (1,), generator=gen))
+    return t
+
+
+@pytest.mark.parametrize("k", [1, 3, 15, 60])
+def test_fast_form_matches_the_plain_loop_in_float64(k: int) -> None:
+    gen = torch.Generator().manual_seed(k)
+    logits = torch.randn(4, 50, len(WORDS) + 1, generator=gen, dtype=torch.float64) * 3
+    targets = random_targets(gen, 4, 50)
+    fast = peak_span_loss(logits, targets, WORD_T, k)
+    ref = peak_span_loss_reference(logits, targets, WORDS, k)
+    assert fast.dtype == torch.float64
+    assert abs(float(fast - ref)) < 1e-12
+    fast32 = peak_span_loss(logits.float(), targets, WORD_T, k)
+    assert abs(float(fast32) / float(ref) - 1) < 1e-5  # float32 softmax and cumulative sums
+
+
+@pytest.mark.parametrize("k", [1, 15, 80])
+def test_smoothing_is_the_detectors_smoothed_posterior(k: int) -> None:
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(2, 60, 12, generator=gen, dtype=torch.float64)
+    sm = smoothed(torch.softmax(logits, -1), k)
+    for row in range(2):
+        np.testing.assert_allclose(
+            sm[row].numpy(), smoothed_posteriors(logits[row].numpy(), k), atol=1e-12
+        )
+
+
+def test_word_spans_split_on_label_changes_and_skip_silence_and_ignored_frames() -> None:
+    t = torch.tensor([[SIL, 3, 3, 5, 5, IGNORE, 5, SIL, UNK, UNK], [IGNORE] * 4 + [0] * 6])
+    assert word_spans(t, WORD_T) == [
+        WordSpan(0, 1, 3, 3),
+        WordSpan(0, 3, 5, 5),
+        WordSpan(0, 6, 7, 5),
+        WordSpan(0, 8, 10, UNK),
+        WordSpan(1, 4, 10, 0),
+    ]
+
+
+def test_a_batch_without_words_costs_nothing_and_still_backpropagates() -> None:
+    logits = torch.randn(2, 10, 12, requires_grad=True)
+    t = torch.full((2, 10), SIL)
+    t[:, 3:6] = IGNORE
+    loss = peak_span_loss(logits, t, WORD_T, 5)
+    loss.backward()
+    assert float(loss.detach()) == 0.0 and logits.grad is not None and not logits.grad.any()
+
+
+def test_only_the_best_window_of_each_word_gets_a_gradient() -> None:
+    k = 4
+    logits = torch.randn(1, 20, 12, generator=torch.Generator().manual_seed(5))  # no ties
+    logits[0, 12, 3] = 5.0  # the word's posterior peaks around frame 12
+    logits.requires_grad_(True)
+    t = torch.full((1, 20), SIL)
+    t[0, 8:18] = 3
+    peak_span_loss(logits, t, WORD_T, k).backward()
+    touched = torch.nonzero(logits.grad[0].abs().sum(-1)).flatten().tolist()
+    sm = smoothed(torch.softmax(logits.detach(), -1), k)[0, 8:18, 3]
+    best = 8 + int(sm.argmax())
+    assert touched == list(range(best - k + 1, best + 1))
+
+
+def test_descending_the_loss_lifts_the_peak_to_the_threshold() -> None:
+    gen = torch.Generator().manual_seed(3)
+    logits = (torch.randn(1, 30, 12, generator=gen) * 0.1).requires_grad_(True)
+    t = torch.full((1, 30), SIL)
+    t[0, 10:25] = 6
+    opt = torch.optim.SGD([logits], lr=5.0)
+    for _ in range(60):
+        opt.zero_grad()
+        peak_span_loss(logits, t, WORD_T, 15).backward()
+        opt.step()
+    peak = smoothed(torch.softmax(logits.detach(), -1), 15)[0, 10:25, 6].max()
+    assert float(peak) > 0.86
+
+
+@pytest.mark.parametrize(
+    ("cfg", "msg"),
+    [
+        (PeakLossConfig(weight=-0.5), "--peak-loss-weight"),
+        (PeakLossConfig(1.0, 0), "--peak-smooth"),
+    ],
+)
+def test_bad_settings_are_refused(cfg: PeakLossConfig, msg: str) -> None:
+    with pytest.raises(ValueError, match=msg):
+        cfg.check()
+
+
+def test_the_recipe_refuses_a_negative_weight() -> None:
+    from training.config import TrainConfig
+    from training.modelopts import ModelOptions
+    from training.recipes.kws import KWSOptions, KWSRecipe
+
+    with pytest.raises(ValueError, match="--peak-loss-weight must be >= 0"):
+        KWSRecipe(KWSOptions(peak_loss_weight=-1.0), ModelOptions(), TrainConfig())
+
+
+def test_the_recipe_adds_the_weighted_peak_loss_to_the_frame_loss() -> None:
+    from training.config import TrainConfig
+    from training.modelopts import ModelOptions
+    from training.recipes.kws import KWSOptions, KWSRecipe
+
+    small = ModelOptions(d_model=8, d_state=4, n_layers=1)
+    plain = KWSRecipe(KWSOptions(vtlp=False), small, TrainConfig())
+    peaked = KWSRecipe(KWSOptions(vtlp=False, peak_loss_weight=0.5), small, TrainConfig())
+    model = plain.build_model()
+    gen = torch.Generator().manual_seed(0)
+    audio = torch.randn(2, 16000, generator=gen) * 0.1
+    targets = random_targets(gen, 2, 50)
+    batch = (audio, targets, torch.ones(2))
+    base, n = plain.loss(model, batch, torch.device("cpu"))
+    both, _ = peaked.loss(model, batch, torch.device("cpu"))
+    with torch.no_grad():
+        peak = peak_span_loss(model(audio), targets, WORD_T, 15)
+    assert n == 2 and float(peak) > 0
+    assert abs(float(both - base) - 0.5 * float(peak)) < 1e-5

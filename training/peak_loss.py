@@ -1,0 +1,115 @@
+"""A loss on the keyword spotter's own decision value: the peak of the smoothed posterior.
+
+Per-frame cross-entropy asks for the word's label on every frame of its hold span (``sc12.py``);
+the detector (``dlr_runtime.kws.KeywordSpotter``) fires when the mean of the last ``k`` softmax
+rows of a command reaches its threshold. A voice the model half-recognises can win the argmax
+on most hold frames and still never lift that mean to the threshold. This loss scores what the
+detector scores: for every run of frames carrying one word label (a command or ``_unknown_``),
+the highest ``k``-frame mean of that label's posterior inside the run, and adds
+``-log(peak)`` per word (the max-pooling idea of keyword-spotting training, on the smoothed
+value). The gradient goes through the best window of each word only, so words the model
+already says confidently cost nothing and the hard ones get the whole push.
+
+``peak_span_loss_reference`` is the plain loop the fast form is tested against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PeakLossConfig:
+    weight: float = 0.0  # added to the per-frame cross-entropy; 0 = off
+    smooth_frames: int = 15  # k: the detector's smoothing window in frames (300 ms at 20 ms)
+
+    @property
+    def active(self) -> bool:
+        return self.weight > 0
+
+    def check(self) -> None:
+        if self.weight < 0:
+            raise ValueError(f"--peak-loss-weight must be >= 0, got {self.weight}")
+        if self.smooth_frames < 1:
+            raise ValueError(f"--peak-smooth-frames must be >= 1, got {self.smooth_frames}")
+
+
+@dataclass(frozen=True)
+class WordSpan:
+    row: int  # window in the batch
+    start: int  # first frame carrying the label
+    end: int  # one past the last
+    label: int
+
+
+def word_spans(targets: torch.Tensor, word_labels: torch.Tensor) -> list[WordSpan]:
+    """Runs of equal targets (B, F) whose label is in ``word_labels`` (1-D), in order."""
+    t = targets.cpu()
+    is_word = torch.isin(t, word_labels.cpu())
+    spans = []
+    for row in range(t.shape[0]):
+        frames = torch.nonzero(is_word[row]).flatten().tolist()
+        start = prev = None
+        for f in frames:
+            if start is not None and (f != prev + 1 or t[row, f] != t[row, prev]):
+                spans.append(WordSpan(row, start, prev + 1, int(t[row, start])))
+                start = None
+            if start is None:
+                start = f
+            prev = f
+        if start is not None:
+            spans.append(WordSpan(row, start, prev + 1, int(t[row, start])))
+    return spans
+
+
+def smoothed(probs: torch.Tensor, k: int) -> torch.Tensor:
+    """(B, F, C) posteriors -> mean of the last ``k`` frames at each frame (fewer at the start)."""
+    c = torch.cumsum(probs, dim=1)  # (B, F, C)
+    lagged = torch.cat([torch.zeros_like(c[:, :k]), c[:, :-k]], dim=1)[:, : c.shape[1]]
+    n = torch.arange(1, probs.shape[1] + 1, device=probs.device).clamp(max=k)  # (F,)
+    return (c - lagged) / n.to(probs.dtype)[None, :, None]
+
+
+def peak_span_loss(
+    logits: torch.Tensor, targets: torch.Tensor, word_labels: torch.Tensor, k: int
+) -> torch.Tensor:
+    """Mean over the words of a batch of ``-log`` the peak smoothed posterior of their label.
+
+    logits (B, F, C), targets (B, F) (``IGNORE`` and silence frames carry no word). A batch
+    without words gives 0 (connected to the graph)."""
+    spans = word_spans(targets, word_labels)
+    if not spans:
+        return logits.sum() * 0.0
+    probs = torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
+    sm = smoothed(probs, k)  # (B, F, C)
+    peaks = torch.stack([sm[s.row, s.start : s.end, s.label].max() for s in spans])
+    return -torch.log(peaks.clamp_min(1e-8)).mean()
+
+
+def peak_span_loss_reference(
+    logits: torch.Tensor, targets: torch.Tensor, word_labels: list[int], k: int
+) -> torch.Tensor:
+    """The same, one frame and one word at a time (float64)."""
+    probs = torch.softmax(logits.double(), dim=-1)
+    losses = []
+    for b in range(targets.shape[0]):
+        f = 0
+        while f < targets.shape[1]:
+            label = int(targets[b, f])
+            if label not in word_labels:
+                f += 1
+                continue
+            end = f
+            while end < targets.shape[1] and int(targets[b, end]) == label:
+                end += 1
+            best = 0.0
+            for t in range(f, end):
+                lo = max(0, t - k + 1)
+                best = max(
+                    best, float(sum(probs[b, i, label] for i in range(lo, t + 1))) / (t + 1 - lo)
+                )
+            losses.append(-torch.log(torch.tensor(max(best, 1e-8), dtype=torch.float64)))
+            f = end
+    return torch.stack(losses).mean() if losses else torch.tensor(0.0, dtype=torch.float64)
