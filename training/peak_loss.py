@@ -10,7 +10,13 @@ the highest ``k``-frame mean of that label's posterior inside the run, and adds
 value). The gradient goes through the best window of each word only, so words the model
 already says confidently cost nothing and the hard ones get the whole push.
 
-``peak_span_loss_reference`` is the plain loop the fast form is tested against.
+The other side of the detector is :func:`false_peak_loss`: over every run of ``_silence_`` or
+``_unknown_`` targets (a near-miss word's hold span sees the word itself through the smoothing
+window), the highest smoothed posterior any command reaches costs ``-log(1 - peak)``, so the
+unknown words and noise that would fire are pushed below the threshold.
+
+``peak_span_loss_reference`` and ``false_peak_loss_reference`` are the plain loops the fast
+forms are tested against.
 """
 
 from __future__ import annotations
@@ -23,15 +29,18 @@ import torch
 @dataclass(frozen=True)
 class PeakLossConfig:
     weight: float = 0.0  # added to the per-frame cross-entropy; 0 = off
+    false_weight: float = 0.0  # the same for false_peak_loss; 0 = off
     smooth_frames: int = 15  # k: the detector's smoothing window in frames (300 ms at 20 ms)
 
     @property
     def active(self) -> bool:
-        return self.weight > 0
+        return self.weight > 0 or self.false_weight > 0
 
     def check(self) -> None:
         if self.weight < 0:
             raise ValueError(f"--peak-loss-weight must be >= 0, got {self.weight}")
+        if self.false_weight < 0:
+            raise ValueError(f"--false-peak-loss-weight must be >= 0, got {self.false_weight}")
         if self.smooth_frames < 1:
             raise ValueError(f"--peak-smooth-frames must be >= 1, got {self.smooth_frames}")
 
@@ -88,28 +97,72 @@ def peak_span_loss(
     return -torch.log(peaks.clamp_min(1e-8)).mean()
 
 
+def false_peak_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    reject_labels: torch.Tensor,
+    command_labels: torch.Tensor,
+    k: int,
+) -> torch.Tensor:
+    """Mean over the runs of ``reject_labels`` targets of ``-log(1 - peak)``, the peak being the
+    highest smoothed posterior of any of ``command_labels`` inside the run. 0 without runs."""
+    spans = word_spans(targets, reject_labels)
+    if not spans:
+        return logits.sum() * 0.0
+    probs = torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
+    sm = smoothed(probs, k)[..., command_labels.to(logits.device)]  # (B, F, K)
+    peaks = torch.stack([sm[s.row, s.start : s.end].max() for s in spans])
+    return -torch.log((1 - peaks).clamp_min(1e-8)).mean()
+
+
+def _runs(targets: torch.Tensor, labels: list[int]) -> list[tuple[int, int, int, int]]:
+    """(row, start, end, label) of the runs of equal targets in ``labels``, frame by frame."""
+    out = []
+    for b in range(targets.shape[0]):
+        f = 0
+        while f < targets.shape[1]:
+            label = int(targets[b, f])
+            if label not in labels:
+                f += 1
+                continue
+            end = f
+            while end < targets.shape[1] and int(targets[b, end]) == label:
+                end += 1
+            out.append((b, f, end, label))
+            f = end
+    return out
+
+
+def _window_mean(probs: torch.Tensor, b: int, t: int, c: int, k: int) -> float:
+    lo = max(0, t - k + 1)
+    return float(sum(probs[b, i, c] for i in range(lo, t + 1))) / (t + 1 - lo)
+
+
+def false_peak_loss_reference(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    reject_labels: list[int],
+    command_labels: list[int],
+    k: int,
+) -> torch.Tensor:
+    """The same, one frame, command and run at a time (float64)."""
+    probs = torch.softmax(logits.double(), dim=-1)
+    losses = []
+    for b, start, end, _ in _runs(targets, reject_labels):
+        best = max(
+            _window_mean(probs, b, t, c, k) for t in range(start, end) for c in command_labels
+        )
+        losses.append(-torch.log(torch.tensor(max(1 - best, 1e-8), dtype=torch.float64)))
+    return torch.stack(losses).mean() if losses else torch.tensor(0.0, dtype=torch.float64)
+
+
 def peak_span_loss_reference(
     logits: torch.Tensor, targets: torch.Tensor, word_labels: list[int], k: int
 ) -> torch.Tensor:
     """The same, one frame and one word at a time (float64)."""
     probs = torch.softmax(logits.double(), dim=-1)
     losses = []
-    for b in range(targets.shape[0]):
-        f = 0
-        while f < targets.shape[1]:
-            label = int(targets[b, f])
-            if label not in word_labels:
-                f += 1
-                continue
-            end = f
-            while end < targets.shape[1] and int(targets[b, end]) == label:
-                end += 1
-            best = 0.0
-            for t in range(f, end):
-                lo = max(0, t - k + 1)
-                best = max(
-                    best, float(sum(probs[b, i, label] for i in range(lo, t + 1))) / (t + 1 - lo)
-                )
-            losses.append(-torch.log(torch.tensor(max(best, 1e-8), dtype=torch.float64)))
-            f = end
+    for b, start, end, label in _runs(targets, word_labels):
+        best = max(_window_mean(probs, b, t, label, k) for t in range(start, end))
+        losses.append(-torch.log(torch.tensor(max(best, 1e-8), dtype=torch.float64)))
     return torch.stack(losses).mean() if losses else torch.tensor(0.0, dtype=torch.float64)

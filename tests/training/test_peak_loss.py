@@ -10,6 +10,8 @@ from training.data.sc12 import IGNORE, SIL, UNK
 from training.peak_loss import (
     PeakLossConfig,
     WordSpan,
+    false_peak_loss,
+    false_peak_loss_reference,
     peak_span_loss,
     peak_span_loss_reference,
     smoothed,
@@ -19,6 +21,8 @@ from training.stream_anatomy import smoothed_posteriors
 
 WORDS = [*range(SIL), UNK]
 WORD_T = torch.tensor(WORDS)
+REJECT = [SIL, UNK]
+COMMANDS = list(range(SIL))
 
 
 def random_targets(gen: torch.Generator, b: int, f: int) -> torch.Tensor:
@@ -48,6 +52,36 @@ def test_fast_form_matches_the_plain_loop_in_float64(k: int) -> None:
     assert abs(float(fast - ref)) < 1e-12
     fast32 = peak_span_loss(logits.float(), targets, WORD_T, k)
     assert abs(float(fast32) / float(ref) - 1) < 1e-5  # float32 softmax and cumulative sums
+
+
+@pytest.mark.parametrize("k", [1, 3, 15, 60])
+def test_false_peak_fast_form_matches_the_plain_loop_in_float64(k: int) -> None:
+    gen = torch.Generator().manual_seed(100 + k)
+    logits = torch.randn(4, 50, len(WORDS) + 1, generator=gen, dtype=torch.float64) * 3
+    targets = random_targets(gen, 4, 50)
+    reject, cmds = torch.tensor(REJECT), torch.tensor(COMMANDS)
+    fast = false_peak_loss(logits, targets, reject, cmds, k)
+    ref = false_peak_loss_reference(logits, targets, REJECT, COMMANDS, k)
+    assert abs(float(fast - ref)) < 1e-12
+    fast32 = false_peak_loss(logits.float(), targets, reject, cmds, k)
+    assert abs(float(fast32) / float(ref) - 1) < 1e-5
+
+
+def test_descending_the_false_peak_loss_keeps_an_unknown_word_below_the_threshold() -> None:
+    logits = torch.zeros(1, 30, 12)
+    logits[0, 8:22, 4] = 5.0  # a near miss the model takes for command 4
+    logits.requires_grad_(True)
+    t = torch.full((1, 30), SIL)
+    t[0, 10:22] = UNK
+    reject, cmds = torch.tensor(REJECT), torch.tensor(COMMANDS)
+    before = smoothed(torch.softmax(logits.detach(), -1), 15)[0, :, :SIL].max()
+    opt = torch.optim.SGD([logits], lr=5.0)
+    for _ in range(60):
+        opt.zero_grad()
+        false_peak_loss(logits, t, reject, cmds, 15).backward()
+        opt.step()
+    after = smoothed(torch.softmax(logits.detach(), -1), 15)[0, :, :SIL].max()
+    assert float(before) > 0.5 and float(after) < 0.2
 
 
 @pytest.mark.parametrize("k", [1, 15, 80])
@@ -113,7 +147,7 @@ def test_descending_the_loss_lifts_the_peak_to_the_threshold() -> None:
     ("cfg", "msg"),
     [
         (PeakLossConfig(weight=-0.5), "--peak-loss-weight"),
-        (PeakLossConfig(1.0, 0), "--peak-smooth"),
+        (PeakLossConfig(weight=1.0, smooth_frames=0), "--peak-smooth"),
     ],
 )
 def test_bad_settings_are_refused(cfg: PeakLossConfig, msg: str) -> None:
@@ -128,6 +162,8 @@ def test_the_recipe_refuses_a_negative_weight() -> None:
 
     with pytest.raises(ValueError, match="--peak-loss-weight must be >= 0"):
         KWSRecipe(KWSOptions(peak_loss_weight=-1.0), ModelOptions(), TrainConfig())
+    with pytest.raises(ValueError, match="--false-peak-loss-weight must be >= 0"):
+        KWSRecipe(KWSOptions(false_peak_loss_weight=-1.0), ModelOptions(), TrainConfig())
 
 
 def test_the_recipe_adds_the_weighted_peak_loss_to_the_frame_loss() -> None:
@@ -137,7 +173,8 @@ def test_the_recipe_adds_the_weighted_peak_loss_to_the_frame_loss() -> None:
 
     small = ModelOptions(d_model=8, d_state=4, n_layers=1)
     plain = KWSRecipe(KWSOptions(vtlp=False), small, TrainConfig())
-    peaked = KWSRecipe(KWSOptions(vtlp=False, peak_loss_weight=0.5), small, TrainConfig())
+    opts = KWSOptions(vtlp=False, peak_loss_weight=0.5, false_peak_loss_weight=0.25)
+    peaked = KWSRecipe(opts, small, TrainConfig())
     model = plain.build_model()
     gen = torch.Generator().manual_seed(0)
     audio = torch.randn(2, 16000, generator=gen) * 0.1
@@ -146,6 +183,8 @@ def test_the_recipe_adds_the_weighted_peak_loss_to_the_frame_loss() -> None:
     base, n = plain.loss(model, batch, torch.device("cpu"))
     both, _ = peaked.loss(model, batch, torch.device("cpu"))
     with torch.no_grad():
-        peak = peak_span_loss(model(audio), targets, WORD_T, 15)
-    assert n == 2 and float(peak) > 0
-    assert abs(float(both - base) - 0.5 * float(peak)) < 1e-5
+        logits = model(audio)
+        peak = peak_span_loss(logits, targets, WORD_T, 15)
+        false = false_peak_loss(logits, targets, torch.tensor(REJECT), torch.tensor(COMMANDS), 15)
+    assert n == 2 and float(peak) > 0 and float(false) > 0
+    assert abs(float(both - base) - 0.5 * float(peak) - 0.25 * float(false)) < 1e-5

@@ -11,7 +11,8 @@ spectrum of each 20 ms frame, or ``raw`` samples as in the paper) and an exponen
 pooling head (``--pool-window-s``; 0 gives the paper's running mean). Loss: cross-entropy at
 every frame with a target (see ``sc12.py``), so the model says a word shortly after it ends and
 ``_silence_`` otherwise; with ``--peak-loss-weight``, plus a loss on each word's peak smoothed
-posterior, the detector's own decision value (``training/peak_loss.py``). The front end's mel filterbank is warped per window during training
+posterior, the detector's own decision value, and with ``--false-peak-loss-weight`` a loss on the
+highest smoothed command posterior over silence and unknown words (``training/peak_loss.py``). The front end's mel filterbank is warped per window during training
 (vocal-tract-length perturbation), and with ``--freq-masks`` / ``--time-masks`` spans of mel
 bands and frames are masked (SpecAugment, ``training.spec_augment``); the shipped front end is
 unwarped and unmasked.
@@ -57,7 +58,7 @@ from training.data.splits import check_disjoint, split_voices
 from training.data.vocab import SC12_LABELS, unknown_words
 from training.distributed import DistContext, ShardedSampler
 from training.modelopts import ModelOptions
-from training.peak_loss import PeakLossConfig, peak_span_loss
+from training.peak_loss import PeakLossConfig, false_peak_loss, peak_span_loss
 from training.spec_augment import SpecAugmentConfig, spec_augment
 from training.streams import build_stream, scores_after_context
 from training.trainer import Recipe
@@ -89,6 +90,8 @@ class KWSOptions:
     label_smoothing: float = 0.05  # cross-entropy label smoothing
     peak_loss_weight: float = 0.0  # adds this times -log(peak smoothed posterior) of each word
     # (training/peak_loss.py); 0 = per-frame cross-entropy alone
+    false_peak_loss_weight: float = 0.0  # adds this times -log(1 - peak smoothed command
+    # posterior) over each silence / unknown-word run (training/peak_loss.py); 0 = off
     peak_smooth_frames: int = 15  # the peak loss's smoothing window in frames (the detector's)
     tiny_corpus: bool = False  # a few voices and words only (tests and smoke runs)
     codecs: bool = False  # training words also through MP3 / Opus (ffmpeg; data/codecs.py)
@@ -256,9 +259,15 @@ class KWSRecipe(Recipe):
             time_mask_width=opts.time_mask_width,
         )
         self.specaug.check(opts.n_mels)
-        self.peak = PeakLossConfig(opts.peak_loss_weight, opts.peak_smooth_frames)
+        self.peak = PeakLossConfig(
+            weight=opts.peak_loss_weight,
+            false_weight=opts.false_peak_loss_weight,
+            smooth_frames=opts.peak_smooth_frames,
+        )
         self.peak.check()
         self.word_labels = torch.tensor([*range(SIL), UNK])  # commands and _unknown_
+        self.reject_labels = torch.tensor([SIL, UNK])
+        self.command_labels = torch.arange(SIL)
         if self.specaug.active and opts.frontend != "logmel":
             raise ValueError("--freq-masks / --time-masks need --frontend logmel")
         self.opts, self.model_opts = opts, model_opts
@@ -348,11 +357,15 @@ class KWSRecipe(Recipe):
             ignore_index=IGNORE,
             label_smoothing=self.opts.label_smoothing,
         )
-        if self.peak.active:
-            peak = peak_span_loss(
-                logits[:, :n], targets[:, :n], self.word_labels, self.peak.smooth_frames
-            )
+        k = self.peak.smooth_frames
+        if self.peak.weight > 0:
+            peak = peak_span_loss(logits[:, :n], targets[:, :n], self.word_labels, k)
             loss = loss + self.peak.weight * peak
+        if self.peak.false_weight > 0:
+            false = false_peak_loss(
+                logits[:, :n], targets[:, :n], self.reject_labels, self.command_labels, k
+            )
+            loss = loss + self.peak.false_weight * false
         return loss, audio.shape[0]
 
     @torch.no_grad()
