@@ -45,32 +45,16 @@ class PeakLossConfig:
             raise ValueError(f"--peak-smooth-frames must be >= 1, got {self.smooth_frames}")
 
 
-@dataclass(frozen=True)
-class WordSpan:
-    row: int  # window in the batch
-    start: int  # first frame carrying the label
-    end: int  # one past the last
-    label: int
+def span_index(targets: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Targets (B, F) -> the run of each frame (B, F) (-1 outside) and each run's label (S,).
 
-
-def word_spans(targets: torch.Tensor, word_labels: torch.Tensor) -> list[WordSpan]:
-    """Runs of equal targets (B, F) whose label is in ``word_labels`` (1-D), in order."""
-    t = targets.cpu()
-    is_word = torch.isin(t, word_labels.cpu())
-    spans = []
-    for row in range(t.shape[0]):
-        frames = torch.nonzero(is_word[row]).flatten().tolist()
-        start = prev = None
-        for f in frames:
-            if start is not None and (f != prev + 1 or t[row, f] != t[row, prev]):
-                spans.append(WordSpan(row, start, prev + 1, int(t[row, start])))
-                start = None
-            if start is None:
-                start = f
-            prev = f
-        if start is not None:
-            spans.append(WordSpan(row, start, prev + 1, int(t[row, start])))
-    return spans
+    A run is a stretch of one row whose frames all carry the same label of ``labels``; runs are
+    numbered row by row, in time order."""
+    inside = torch.isin(targets, labels.to(targets.device))  # (B, F)
+    start = inside.clone()
+    start[:, 1:] &= targets[:, 1:] != targets[:, :-1]  # a frame after its own label continues
+    ids = torch.cumsum(start.flatten(), 0).view_as(targets) - 1
+    return torch.where(inside, ids, -1), targets[start]
 
 
 def smoothed(probs: torch.Tensor, k: int) -> torch.Tensor:
@@ -81,37 +65,49 @@ def smoothed(probs: torch.Tensor, k: int) -> torch.Tensor:
     return (c - lagged) / n.to(probs.dtype)[None, :, None]
 
 
+def smoothed_softmax(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """(B, F, C) scores -> the detector's smoothed posteriors (float32 or wider); both losses
+    take these, so a batch computes them once."""
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    return smoothed(torch.softmax(logits, dim=-1, dtype=dtype), k)
+
+
+def _run_max(values: torch.Tensor, ids: torch.Tensor, n: int) -> torch.Tensor:
+    """Per-frame values (B, F) -> their maximum over each of the ``n`` runs of ``ids`` (n,)."""
+    inside = ids >= 0
+    out = values.new_zeros(n)
+    return out.scatter_reduce(0, ids[inside], values[inside], "amax", include_self=False)
+
+
 def peak_span_loss(
-    logits: torch.Tensor, targets: torch.Tensor, word_labels: torch.Tensor, k: int
+    sm: torch.Tensor, targets: torch.Tensor, word_labels: torch.Tensor
 ) -> torch.Tensor:
     """Mean over the words of a batch of ``-log`` the peak smoothed posterior of their label.
 
-    logits (B, F, C), targets (B, F) (``IGNORE`` and silence frames carry no word). A batch
-    without words gives 0 (connected to the graph)."""
-    spans = word_spans(targets, word_labels)
-    if not spans:
-        return logits.sum() * 0.0
-    probs = torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
-    sm = smoothed(probs, k)  # (B, F, C)
-    peaks = torch.stack([sm[s.row, s.start : s.end, s.label].max() for s in spans])
+    sm (B, F, C) from :func:`smoothed_softmax`, targets (B, F) (``IGNORE`` and silence frames
+    carry no word). A batch without words gives 0 (connected to the graph)."""
+    ids, labels = span_index(targets, word_labels)
+    if not len(labels):
+        return sm.sum() * 0.0
+    own = sm.gather(-1, targets.clamp(0, sm.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)  # (B, F)
+    peaks = _run_max(own, ids, len(labels))
     return -torch.log(peaks.clamp_min(1e-8)).mean()
 
 
 def false_peak_loss(
-    logits: torch.Tensor,
+    sm: torch.Tensor,
     targets: torch.Tensor,
     reject_labels: torch.Tensor,
     command_labels: torch.Tensor,
-    k: int,
 ) -> torch.Tensor:
     """Mean over the runs of ``reject_labels`` targets of ``-log(1 - peak)``, the peak being the
-    highest smoothed posterior of any of ``command_labels`` inside the run. 0 without runs."""
-    spans = word_spans(targets, reject_labels)
-    if not spans:
-        return logits.sum() * 0.0
-    probs = torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
-    sm = smoothed(probs, k)[..., command_labels.to(logits.device)]  # (B, F, K)
-    peaks = torch.stack([sm[s.row, s.start : s.end].max() for s in spans])
+    highest smoothed posterior (sm (B, F, C)) of any of ``command_labels`` inside the run. 0
+    without runs."""
+    ids, labels = span_index(targets, reject_labels)
+    if not len(labels):
+        return sm.sum() * 0.0
+    top = sm[..., command_labels.to(sm.device)].amax(-1)  # (B, F)
+    peaks = _run_max(top, ids, len(labels))
     return -torch.log((1 - peaks).clamp_min(1e-8)).mean()
 
 

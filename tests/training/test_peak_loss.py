@@ -9,13 +9,13 @@ import torch
 from training.data.sc12 import IGNORE, SIL, UNK
 from training.peak_loss import (
     PeakLossConfig,
-    WordSpan,
     false_peak_loss,
     false_peak_loss_reference,
     peak_span_loss,
     peak_span_loss_reference,
     smoothed,
-    word_spans,
+    smoothed_softmax,
+    span_index,
 )
 from training.stream_anatomy import smoothed_posteriors
 
@@ -23,6 +23,18 @@ WORDS = [*range(SIL), UNK]
 WORD_T = torch.tensor(WORDS)
 REJECT = [SIL, UNK]
 COMMANDS = list(range(SIL))
+
+
+def runs(targets: torch.Tensor, labels: torch.Tensor) -> list[tuple[int, int, int, int]]:
+    """(row, start, end, label) of each run numbered by ``span_index``."""
+    ids, run_labels = span_index(targets, labels)
+    out = []
+    for i, label in enumerate(run_labels.tolist()):
+        rows, frames = torch.nonzero(ids == i, as_tuple=True)
+        assert len(set(rows.tolist())) == 1  # a run stays in its row, contiguous
+        assert frames.tolist() == list(range(int(frames[0]), int(frames[-1]) + 1))
+        out.append((int(rows[0]), int(frames[0]), int(frames[-1]) + 1, label))
+    return out
 
 
 def random_targets(gen: torch.Generator, b: int, f: int) -> torch.Tensor:
@@ -46,11 +58,11 @@ def test_fast_form_matches_the_plain_loop_in_float64(k: int) -> None:
     gen = torch.Generator().manual_seed(k)
     logits = torch.randn(4, 50, len(WORDS) + 1, generator=gen, dtype=torch.float64) * 3
     targets = random_targets(gen, 4, 50)
-    fast = peak_span_loss(logits, targets, WORD_T, k)
+    fast = peak_span_loss(smoothed_softmax(logits, k), targets, WORD_T)
     ref = peak_span_loss_reference(logits, targets, WORDS, k)
     assert fast.dtype == torch.float64
     assert abs(float(fast - ref)) < 1e-12
-    fast32 = peak_span_loss(logits.float(), targets, WORD_T, k)
+    fast32 = peak_span_loss(smoothed_softmax(logits.float(), k), targets, WORD_T)
     assert abs(float(fast32) / float(ref) - 1) < 1e-5  # float32 softmax and cumulative sums
 
 
@@ -60,10 +72,10 @@ def test_false_peak_fast_form_matches_the_plain_loop_in_float64(k: int) -> None:
     logits = torch.randn(4, 50, len(WORDS) + 1, generator=gen, dtype=torch.float64) * 3
     targets = random_targets(gen, 4, 50)
     reject, cmds = torch.tensor(REJECT), torch.tensor(COMMANDS)
-    fast = false_peak_loss(logits, targets, reject, cmds, k)
+    fast = false_peak_loss(smoothed_softmax(logits, k), targets, reject, cmds)
     ref = false_peak_loss_reference(logits, targets, REJECT, COMMANDS, k)
     assert abs(float(fast - ref)) < 1e-12
-    fast32 = false_peak_loss(logits.float(), targets, reject, cmds, k)
+    fast32 = false_peak_loss(smoothed_softmax(logits.float(), k), targets, reject, cmds)
     assert abs(float(fast32) / float(ref) - 1) < 1e-5
 
 
@@ -78,7 +90,7 @@ def test_descending_the_false_peak_loss_keeps_an_unknown_word_below_the_threshol
     opt = torch.optim.SGD([logits], lr=5.0)
     for _ in range(60):
         opt.zero_grad()
-        false_peak_loss(logits, t, reject, cmds, 15).backward()
+        false_peak_loss(smoothed_softmax(logits, 15), t, reject, cmds).backward()
         opt.step()
     after = smoothed(torch.softmax(logits.detach(), -1), 15)[0, :, :SIL].max()
     assert float(before) > 0.5 and float(after) < 0.2
@@ -97,12 +109,12 @@ def test_smoothing_is_the_detectors_smoothed_posterior(k: int) -> None:
 
 def test_word_spans_split_on_label_changes_and_skip_silence_and_ignored_frames() -> None:
     t = torch.tensor([[SIL, 3, 3, 5, 5, IGNORE, 5, SIL, UNK, UNK], [IGNORE] * 4 + [0] * 6])
-    assert word_spans(t, WORD_T) == [
-        WordSpan(0, 1, 3, 3),
-        WordSpan(0, 3, 5, 5),
-        WordSpan(0, 6, 7, 5),
-        WordSpan(0, 8, 10, UNK),
-        WordSpan(1, 4, 10, 0),
+    assert runs(t, WORD_T) == [
+        (0, 1, 3, 3),
+        (0, 3, 5, 5),
+        (0, 6, 7, 5),
+        (0, 8, 10, UNK),
+        (1, 4, 10, 0),
     ]
 
 
@@ -110,7 +122,7 @@ def test_a_batch_without_words_costs_nothing_and_still_backpropagates() -> None:
     logits = torch.randn(2, 10, 12, requires_grad=True)
     t = torch.full((2, 10), SIL)
     t[:, 3:6] = IGNORE
-    loss = peak_span_loss(logits, t, WORD_T, 5)
+    loss = peak_span_loss(smoothed_softmax(logits, 5), t, WORD_T)
     loss.backward()
     assert float(loss.detach()) == 0.0 and logits.grad is not None and not logits.grad.any()
 
@@ -122,7 +134,7 @@ def test_only_the_best_window_of_each_word_gets_a_gradient() -> None:
     logits.requires_grad_(True)
     t = torch.full((1, 20), SIL)
     t[0, 8:18] = 3
-    peak_span_loss(logits, t, WORD_T, k).backward()
+    peak_span_loss(smoothed_softmax(logits, k), t, WORD_T).backward()
     touched = torch.nonzero(logits.grad[0].abs().sum(-1)).flatten().tolist()
     sm = smoothed(torch.softmax(logits.detach(), -1), k)[0, 8:18, 3]
     best = 8 + int(sm.argmax())
@@ -137,7 +149,7 @@ def test_descending_the_loss_lifts_the_peak_to_the_threshold() -> None:
     opt = torch.optim.SGD([logits], lr=5.0)
     for _ in range(60):
         opt.zero_grad()
-        peak_span_loss(logits, t, WORD_T, 15).backward()
+        peak_span_loss(smoothed_softmax(logits, 15), t, WORD_T).backward()
         opt.step()
     peak = smoothed(torch.softmax(logits.detach(), -1), 15)[0, 10:25, 6].max()
     assert float(peak) > 0.86
@@ -184,8 +196,9 @@ def test_the_recipe_adds_the_weighted_peak_loss_to_the_frame_loss() -> None:
     both, _ = peaked.loss(model, batch, torch.device("cpu"))
     with torch.no_grad():
         logits = model(audio)
-        peak = peak_span_loss(logits, targets, WORD_T, 15)
-        false = false_peak_loss(logits, targets, torch.tensor(REJECT), torch.tensor(COMMANDS), 15)
+        sm = smoothed_softmax(logits, 15)
+        peak = peak_span_loss(sm, targets, WORD_T)
+        false = false_peak_loss(sm, targets, torch.tensor(REJECT), torch.tensor(COMMANDS))
     assert n == 2 and float(peak) > 0 and float(false) > 0
     gap = float((both - base).detach())
     assert abs(gap - 0.5 * float(peak) - 0.25 * float(false)) < 1e-5

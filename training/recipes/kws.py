@@ -58,7 +58,12 @@ from training.data.splits import check_disjoint, split_voices
 from training.data.vocab import SC12_LABELS, unknown_words
 from training.distributed import DistContext, ShardedSampler
 from training.modelopts import ModelOptions
-from training.peak_loss import PeakLossConfig, false_peak_loss, peak_span_loss
+from training.peak_loss import (
+    PeakLossConfig,
+    false_peak_loss,
+    peak_span_loss,
+    smoothed_softmax,
+)
 from training.spec_augment import SpecAugmentConfig, spec_augment
 from training.streams import build_stream, scores_after_context
 from training.trainer import Recipe
@@ -357,15 +362,14 @@ class KWSRecipe(Recipe):
             ignore_index=IGNORE,
             label_smoothing=self.opts.label_smoothing,
         )
-        k = self.peak.smooth_frames
-        if self.peak.weight > 0:
-            peak = peak_span_loss(logits[:, :n], targets[:, :n], self.word_labels, k)
-            loss = loss + self.peak.weight * peak
-        if self.peak.false_weight > 0:
-            false = false_peak_loss(
-                logits[:, :n], targets[:, :n], self.reject_labels, self.command_labels, k
-            )
-            loss = loss + self.peak.false_weight * false
+        if self.peak.active:
+            sm = smoothed_softmax(logits[:, :n], self.peak.smooth_frames)  # (B, n, C)
+            t = targets[:, :n]
+            if self.peak.weight > 0:
+                loss = loss + self.peak.weight * peak_span_loss(sm, t, self.word_labels)
+            if self.peak.false_weight > 0:
+                false = false_peak_loss(sm, t, self.reject_labels, self.command_labels)
+                loss = loss + self.peak.false_weight * false
         return loss, audio.shape[0]
 
     @torch.no_grad()
