@@ -1,0 +1,111 @@
+"""Probe (not part of the product): how much would an ensemble of models find on the streams?
+
+A weight average (`training/soup.py`) is one model; an *output* ensemble averages the
+posteriors of several models frame by frame and costs one forward per member. If the ensemble
+finds many more commands at equal false accepts than its best member, a single model distilled
+from it is worth training; if not, that lever is closed.
+
+Two steps. ``dump`` scores the evaluation's streams (`dlr-eval speech`'s seeds and lengths,
+through the server's gate) with one model and stores each stream's (F, C) logits; ``combine``
+averages the members' softmax posteriors per frame and runs the same detector: for each
+smoothing window, the valid streams' point within the target (`global_point`, a finer grid)
+and the test streams at that point, plus the best test recall within 1 / 10 / 20 FA/h.
+
+    PYTHONPATH=. python training/cards/probes/ensemble_streams.py dump MODEL OUT.npz
+    PYTHONPATH=. python training/cards/probes/ensemble_streams.py combine A.npz B.npz ...
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from dlr_runtime import load_checkpoint, to_recurrent
+from dlr_runtime.kws import KWSConfig, softmax
+from dlr_runtime.listen import gated_scores
+from training.data.rooms import rir_bank
+from training.eval_speech import THRESHOLDS, eval_streams
+from training.operating_point import global_point
+from training.recipes.kws import KWSOptions, load_split
+from training.streams import score
+
+GRID = sorted({*THRESHOLDS, 0.45, 0.55, 0.65, 0.82, 0.83, 0.84, 0.94, 0.96})
+SPLITS = (("valid", 2), ("test", 1))  # dlr-eval speech's stream seeds (seed 0 + 2 / + 1)
+
+
+def _streams(minutes: float) -> dict[str, list]:
+    pools = load_split(KWSOptions(split="final"), 0)
+    rirs = rir_bank(KWSOptions().cache_dir, seed=0)
+    return {name: eval_streams(pools[name], minutes, 5, rirs, seed) for name, seed in SPLITS}
+
+
+def dump(model_dir: str, out: str, minutes: float) -> None:
+    torch.set_num_threads(1)
+    model = load_checkpoint(model_dir).eval()
+    rec = to_recurrent(model, dtype=torch.complex64)
+    arrays = {}
+    for name, streams in _streams(minutes).items():
+        for i, s in enumerate(streams):
+            arrays[f"{name}_{i}"] = gated_scores(rec, s.audio).astype(np.float32)
+    np.savez(out, labels=np.array(model.config.labels), **arrays)
+    print(f"{model_dir}: {len(arrays)} streams -> {out}", flush=True)
+
+
+def mean_posterior_logits(members: list[np.ndarray]) -> np.ndarray:
+    """(F, C) logits of each member -> log of the frame-wise mean posterior (F, C)."""
+    p = np.mean([softmax(m.astype(np.float64)) for m in members], axis=0)
+    return np.log(p + 1e-30)
+
+
+def combine(paths: list[str], minutes: float, template: str) -> None:
+    dumps = [np.load(p) for p in paths]
+    labels = [str(x) for x in dumps[0]["labels"]]
+    if any([str(x) for x in d["labels"]] != labels for d in dumps):
+        raise SystemExit("members disagree on the label set")
+    streams = _streams(minutes)
+    model = load_checkpoint(template)
+    frame_ms = 1000 * model.config.frame_stride / model.config.sample_rate
+    base = replace(KWSConfig.from_metadata(model.checkpoint_metadata), keywords={})
+    per = {
+        name: [
+            (mean_posterior_logits([d[f"{name}_{i}"] for d in dumps]), s) for i, s in enumerate(ss)
+        ]
+        for name, ss in streams.items()
+    }
+    print(" + ".join(paths), flush=True)
+    for ms in (100.0, 200.0, 300.0, 400.0):
+        at = replace(base, smooth_ms=ms)
+        v = [score(per["valid"], labels, frame_ms, replace(at, threshold=t)) for t in GRID]
+        t_sw = [score(per["test"], labels, frame_ms, replace(at, threshold=t)) for t in GRID]
+        g = global_point(v, 10.0)
+        te = next(s for s in t_sw if s.threshold == g.threshold)
+        best = [
+            max((s.recall for s in t_sw if s.fa_per_hour <= b), default=0.0) for b in (1, 10, 20)
+        ]
+        print(
+            f"  {ms:3.0f} ms: valid {g.recall:.3f} at {g.fa_per_hour:.0f} FA/h "
+            f"(threshold {g.threshold:g}) -> test {te.recall:.3f} at {te.fa_per_hour:.0f} FA/h; "
+            f"best test within 1/10/20 FA/h {' / '.join(f'{b:.3f}' for b in best)}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("dump")
+    d.add_argument("model")
+    d.add_argument("out")
+    c = sub.add_parser("combine")
+    c.add_argument("dumps", nargs="+")
+    c.add_argument("--template", default="models/speech-commands")
+    for p in (d, c):
+        p.add_argument("--minutes", type=float, default=60.0)
+    a = ap.parse_args()
+    if a.cmd == "dump":
+        dump(a.model, a.out, a.minutes)
+    else:
+        combine(a.dumps, a.minutes, a.template)
