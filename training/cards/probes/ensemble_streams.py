@@ -50,7 +50,7 @@ def dump(model_dir: str, out: str, minutes: float) -> None:
     for name, streams in _streams(minutes).items():
         for i, s in enumerate(streams):
             arrays[f"{name}_{i}"] = gated_scores(rec, s.audio).astype(np.float32)
-    np.savez(out, labels=np.array(model.config.labels), **arrays)
+    np.savez(out, labels=np.array(model.config.labels), minutes=minutes, **arrays)
     print(f"{model_dir}: {len(arrays)} streams -> {out}", flush=True)
 
 
@@ -65,7 +65,9 @@ def combine(paths: list[str], minutes: float, template: str) -> None:
     labels = [str(x) for x in dumps[0]["labels"]]
     if any([str(x) for x in d["labels"]] != labels for d in dumps):
         raise SystemExit("members disagree on the label set")
-    streams = _streams(minutes)
+    if any(float(d["minutes"]) != minutes for d in dumps):
+        raise SystemExit(f"every member must be dumped with --minutes {minutes:g}")
+    streams = _streams(minutes)  # rebuilt (deterministic): the dumps keep scores, not words
     model = load_checkpoint(template)
     frame_ms = 1000 * model.config.frame_stride / model.config.sample_rate
     base = replace(KWSConfig.from_metadata(model.checkpoint_metadata), keywords={})
