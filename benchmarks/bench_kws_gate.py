@@ -36,7 +36,7 @@ from dlr_runtime.listen import gated_scores
 from dlr_runtime.vad import GateConfig
 from training.data.rooms import rir_bank
 from training.data.sc12 import SIL
-from training.eval_speech import eval_streams, sweep
+from training.eval_speech import split_streams, sweep
 from training.operating_point import global_point
 from training.recipes.kws import KWSOptions, load_split
 from training.streams import Stream, match, score
@@ -108,8 +108,7 @@ def measure(
     seed = int(training.get("train", {}).get("seed", 0))
     pools = load_split(KWSOptions(split=kws.get("split", "final")), seed)
     rirs = rir_bank(KWSOptions().cache_dir, seed=seed)
-    offset = 2 if voices == "valid" else 1  # dlr-eval's seeds of its valid / test streams
-    streams = eval_streams(pools[voices], minutes, 5.0, rirs, seed + offset)
+    streams = split_streams(pools, voices, minutes, rirs, seed)
     rec = to_recurrent(model, dtype=torch.complex64)
     labels = list(model.config.labels)
     frame_ms = 1000 * model.config.frame_stride / model.config.sample_rate

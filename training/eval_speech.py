@@ -171,10 +171,26 @@ def plot_det(curves: dict[str, list[dict]], path: Path, fa_target: float) -> Non
     plt.close(fig)
 
 
+# Offsets from a run's seed of what the evaluation draws; the probes and benchmarks that rebuild
+# its streams and clips go through `split_streams` and these, so they stay in step with it.
+STREAM_SEED = {"test": 1, "valid": 2}
+CLIP_SEED = 11
+SILENCE_SEED = 7
+
+
 def eval_streams(pool: WordPool, minutes: float, piece: float, rirs, seed: int) -> list:
-    """The evaluation's streams of `pool`'s voices: `minutes` in pieces of `piece` minutes."""
+    """Streams of `pool`'s voices: `minutes` in pieces of `piece` minutes, seeded `seed`."""
     n = max(1, int(round(minutes / piece))) if minutes > 0 else 0
     return [build_stream(pool, min(piece, minutes), rirs, seed + 1000 * k) for k in range(n)]
+
+
+def split_streams(
+    pools: dict[str, WordPool], name: str, minutes: float, rirs, seed: int, piece: float = 5.0
+) -> list:
+    """dlr-eval speech's streams of split `name` ("valid" | "test") for a run seeded `seed`."""
+    if name not in STREAM_SEED:
+        raise ValueError(f"streams are built for {sorted(STREAM_SEED)}, not {name!r}")
+    return eval_streams(pools[name], minutes, piece, rirs, seed + STREAM_SEED[name])
 
 
 def sweep(
@@ -217,7 +233,7 @@ def evaluate(model_dir: str | Path, opts: EvalOptions) -> dict[str, Any]:
     results["test_voices"] = sorted(set(test.voices.tolist()))
     results["sizes"] = {k: int(len(p)) for k, p in pools.items()}
     results["clip_detector"] = base.to_dict()  # the rule used for the clip "detector_fires"
-    sil_audio = silence_windows(opts.silence_clips, test, seed + 7)
+    sil_audio = silence_windows(opts.silence_clips, test, seed + SILENCE_SEED)
     sil_scores = frame_scores(model, sil_audio)
     sil_pred = sil_scores[:, -1].argmax(-1).numpy()
     results["silence"] = {
@@ -228,7 +244,7 @@ def evaluate(model_dir: str | Path, opts: EvalOptions) -> dict[str, Any]:
     }
     cm = np.zeros((len(labels), len(labels)), np.int64)
     for kind in ("clean", "augmented"):
-        audio = clip_windows(test, idx, rirs, seed + 11, augment=kind == "augmented")
+        audio = clip_windows(test, idx, rirs, seed + CLIP_SEED, augment=kind == "augmented")
         scores = frame_scores(model, audio)
         pred = scores[:, -1].argmax(-1).numpy()
         rep = clip_report(pred, lab, test.engines[idx], test.voices[idx])
@@ -255,13 +271,7 @@ def _stream_eval(model, pools, rirs, seed, labels, frame_ms, base, opts, out) ->
     curves: dict[str, list[dict]] = {}
     per = {}
     for name, minutes in (("valid", opts.valid_stream_minutes), ("test", opts.stream_minutes)):
-        streams = eval_streams(
-            pools[name],
-            minutes,
-            opts.stream_piece_minutes,
-            rirs,
-            seed + (1 if name == "test" else 2),
-        )
+        streams = split_streams(pools, name, minutes, rirs, seed, opts.stream_piece_minutes)
         per[name] = [(stream_scores(model, s.audio, gated=opts.vad), s) for s in streams]
         res[name] = {"hours": sum(s.hours for s in streams)}
     # the smoothing window: the one whose best threshold within the target detects the most

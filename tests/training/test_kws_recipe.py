@@ -12,11 +12,14 @@ import torch
 from dlr_runtime import load_checkpoint, load_recurrent
 from dlr_runtime.kws import KWSConfig
 from training.cli import main
-from training.data.sc12 import UNK
+from training.data.rooms import rir_bank
+from training.data.sc12 import SIL, UNK
 from training.data.vocab import SC12_LABELS
 from training.eval_cli import main as eval_main
+from training.eval_speech import split_streams
 from training.kws_calibrate import main as calibrate_main
 from training.kws_card import main as card_main
+from training.recipes.kws import KWSOptions, load_split
 from training.soup import main as soup_main
 
 from .conftest import QUIET, TINY_MODEL
@@ -74,6 +77,17 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     point = load_checkpoint(out / "model").checkpoint_metadata["detection"]
     assert point == res["streams"]["operating_point"]
     assert res["streams"]["rule"] == "global" and point["keywords"] == {}
+    # the probes' and benchmarks' rebuild of the evaluation's streams is the evaluation's own
+    cache = tmp_path / "cache"
+    seed = res["seed"]
+    pools = load_split(KWSOptions(cache_dir=cache, split=res["split"], tiny_corpus=True), seed)
+    for name in ("valid", "test"):
+        rebuilt = split_streams(pools, name, 0.5, rir_bank(cache, seed=seed), seed, 0.5)
+        n = sum(e.label < SIL for s in rebuilt for e in s.events)
+        assert n == res["streams"][f"{name}_at_operating_point"]["commands"] > 0
+        assert sum(s.hours for s in rebuilt) == res["streams"][name]["hours"]
+    with pytest.raises(ValueError, match="streams are built for"):
+        split_streams(pools, "train", 0.5, [], 0)
     # overlapping 40 ms windows, fine-tuned from the per-frame weights (same shapes): the
     # streamed recurrent form (history in the state) agrees with the offline forward
     win = tmp_path / "kws-window"

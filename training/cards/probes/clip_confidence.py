@@ -26,7 +26,7 @@ from dlr_runtime import load_checkpoint
 from dlr_runtime.kws import KeywordSpotter, KWSConfig
 from training.data.rooms import rir_bank
 from training.data.sc12 import SIL, UNK, clip_windows
-from training.eval_speech import frame_scores
+from training.eval_speech import CLIP_SEED, frame_scores
 from training.recipes.kws import KWSOptions, load_split
 from training.stream_anatomy import smoothed_posteriors
 
@@ -42,7 +42,7 @@ def main(model_dir: str, threshold: float, smooth_ms: float, split: str = "test"
     idx = np.arange(len(test))
     lab, eng = test.labels, test.engines
     for augment in (False, True):
-        audio = clip_windows(test, idx, rirs, 11, augment=augment)  # eval_speech's seed + 11
+        audio = clip_windows(test, idx, rirs, CLIP_SEED, augment=augment)  # run seed 0
         with torch.no_grad():
             sc = frame_scores(model, audio).double().numpy()  # (N, F, C)
         print("augmented" if augment else "clean")

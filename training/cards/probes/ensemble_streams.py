@@ -27,19 +27,19 @@ from dlr_runtime import load_checkpoint, to_recurrent
 from dlr_runtime.kws import KWSConfig, softmax
 from dlr_runtime.listen import gated_scores
 from training.data.rooms import rir_bank
-from training.eval_speech import THRESHOLDS, eval_streams
+from training.eval_speech import THRESHOLDS, split_streams
 from training.operating_point import global_point
 from training.recipes.kws import KWSOptions, load_split
 from training.streams import score
 
 GRID = sorted({*THRESHOLDS, 0.45, 0.55, 0.65, 0.82, 0.83, 0.84, 0.94, 0.96})
-SPLITS = (("valid", 2), ("test", 1))  # dlr-eval speech's stream seeds (seed 0 + 2 / + 1)
+SPLITS = ("valid", "test")
 
 
 def _streams(minutes: float) -> dict[str, list]:
     pools = load_split(KWSOptions(split="final"), 0)
     rirs = rir_bank(KWSOptions().cache_dir, seed=0)
-    return {name: eval_streams(pools[name], minutes, 5, rirs, seed) for name, seed in SPLITS}
+    return {name: split_streams(pools, name, minutes, rirs, 0) for name in SPLITS}
 
 
 def dump(model_dir: str, out: str, minutes: float) -> None:

@@ -32,7 +32,7 @@ from dlr_runtime.kws import SILENCE, KWSConfig
 from dlr_runtime.listen import _steps
 from dlr_runtime.vad import Gate, GateConfig
 from training.data.rooms import rir_bank
-from training.eval_speech import eval_streams, sweep
+from training.eval_speech import split_streams, sweep
 from training.operating_point import global_point
 from training.recipes.kws import KWSOptions, load_split
 from training.streams import score
@@ -45,7 +45,7 @@ def main(voices: str, minutes: float, modes: list[str], model_dir: str) -> None:
     model = load_checkpoint(model_dir).eval()
     pools = load_split(KWSOptions(split="final"), 0)
     rirs = rir_bank(KWSOptions().cache_dir, seed=0)
-    streams = eval_streams(pools[voices], minutes, 5.0, rirs, 2 if voices == "valid" else 1)
+    streams = split_streams(pools, voices, minutes, rirs, 0)
     rec = to_recurrent(model, dtype=torch.complex64)
     cfg = model.config
     labels = list(cfg.labels)
