@@ -123,17 +123,33 @@ class FoldRecord:
     augmented_commands: float
     unknown_accepted: float  # its clean unknown-word clips called a command
     silence_accepted: float  # word-less windows called a command
-    steps: int
-    train_minutes: float
+    steps: int  # from scratch: its own and those of the runs it was fine-tuned from
+    train_minutes: float  # the same, in training minutes
     test_voices: int
 
 
+def route(run: Path) -> list[dict[str, Any]]:
+    """The summaries of `run` and of the runs it descends from (`--init-from`, or the start of
+    a weight average), newest first; the chain ends at a start that is not a run directory."""
+    chain: list[dict[str, Any]] = []
+    seen: set[Path] = set()
+    at: Path | None = run
+    while at is not None and (at / "summary.json").is_file() and at.resolve() not in seen:
+        seen.add(at.resolve())
+        summ = json.loads((at / "summary.json").read_text())
+        chain.append(summ)
+        start = summ.get("train", {}).get("init_from")
+        at = Path(start).parent if start else None
+    return chain
+
+
 def loso_records(loso: list[Path]) -> list[FoldRecord]:
-    """One record per fold run directory (its eval.json and summary.json)."""
+    """One record per fold run directory (its eval.json, and the summary.json of it and of
+    the runs it was fine-tuned from)."""
     out = []
     for run in loso:
         ev = json.loads((run / "model" / "eval" / "eval.json").read_text())
-        summ = json.loads((run / "summary.json").read_text())
+        chain = route(run)
         out.append(
             FoldRecord(
                 run=run.name,
@@ -142,8 +158,8 @@ def loso_records(loso: list[Path]) -> list[FoldRecord]:
                 augmented_commands=ev["augmented"]["command_accuracy"],
                 unknown_accepted=ev["clean"]["unknown_accepted"],
                 silence_accepted=ev["silence"]["accepted_argmax"],
-                steps=summ["steps"],
-                train_minutes=summ["train_time_s"] / 60,
+                steps=sum(int(c["steps"]) for c in chain),
+                train_minutes=sum(float(c["train_time_s"]) for c in chain) / 60,
                 test_voices=len(ev["test_voices"]),
             )
         )
@@ -174,7 +190,7 @@ def _loso_rows(records: list[FoldRecord]) -> tuple[str, list[tuple[str, float]]]
     for title, values in rows:
         lines.append(f"| {title} | " + " | ".join(_pct(v) for v in values) + " |")
     lines.append(
-        "| training steps (minutes) | "
+        "| training steps from scratch (minutes) | "
         + " | ".join(f"{r.steps} ({r.train_minutes:.0f})" for r in records)
         + " |"
     )

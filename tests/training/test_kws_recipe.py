@@ -18,6 +18,7 @@ from training.data.vocab import SC12_LABELS
 from training.eval_cli import main as eval_main
 from training.eval_speech import split_streams
 from training.kws_calibrate import main as calibrate_main
+from training.kws_card import loso_records, route
 from training.kws_card import main as card_main
 from training.recipes.kws import KWSOptions, load_split
 from training.soup import main as soup_main
@@ -198,6 +199,9 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
         return t.split("## Leave one synthesizer out")[1].split("## Continuous streams")[0]
 
     assert fold_table(text2) == fold_table(text) and "train without **final**" in text
+    # a fold's training counts the runs it descends from: the two fine-tunes and their start
+    (rec,) = loso_records([soup])
+    assert rec.steps == 2 + 2 + 4 and [s["steps"] for s in route(soup)] == [4, 4]
     assert f"--loso-table {folds}" in text2
 
     # rejection calibration of the average: the chosen bias is on the _unknown_ logit only,
