@@ -130,12 +130,17 @@ class Head(nn.Module):
     def features(self, h: torch.Tensor) -> torch.Tensor:
         return self.norm(h)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        """(B, L, H) -> (B, L, out_dim): at every position, causally."""
+    def scored_features(self, h: torch.Tensor) -> torch.Tensor:
+        """(B, L, H) -> (B, L, H): what `proj` scores at every position (for a classifier the
+        causal running mean or exponential window of the normed features)."""
         f = self.features(h)
         if self.kind == "classifier":
-            f = pooled(f, self.decay)  # running mean or exponential window (B, L, H)
-        return self.proj(f)
+            f = pooled(f, self.decay)
+        return f
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """(B, L, H) -> (B, L, out_dim): at every position, causally."""
+        return self.proj(self.scored_features(h))
 
 
 class DLRModel(nn.Module):

@@ -199,16 +199,16 @@ def _voices() -> list:
 def test_windows_are_deterministic_and_targets_follow_words():
     pool = _pool()
     ds = KWSWindows(pool, [], WindowConfig(), seed=3, length=64)
-    x1, y1, w1 = ds[5]
-    x2, y2, w2 = ds[5]
-    assert torch.equal(x1, x2) and torch.equal(y1, y2) and w1 == w2
+    x1, y1, w1, d1, _ = ds[5]
+    x2, y2, w2, d2, _ = ds[5]
+    assert torch.equal(x1, x2) and torch.equal(y1, y2) and w1 == w2 and torch.equal(d1, d2)
     ds.set_epoch(1)
     assert not torch.equal(ds[5][0], x1)  # a new epoch draws new augmentation
     assert x1.shape == (38400,) and y1.shape == (120,)
     assert float(x1.abs().max()) <= 1.0
     seen = set()
     for i in range(64):
-        _, y, _ = ds[i]
+        y = ds[i].targets
         vals = y.tolist()
         seen |= set(vals)
         # a label run is always preceded by ignored frames (the word itself) or the window start
@@ -408,3 +408,39 @@ def test_onset_max_s_lets_the_first_word_start_later_in_a_longer_window():
     assert window_config(KWSOptions(window_s=4.8, onset_max_s=3.0)).onset_max_s == 3.0
     with pytest.raises(ValueError, match="--onset-max-s must be in"):
         KWSRecipe(KWSOptions(onset_max_s=2.4), ModelOptions(), TrainConfig())
+
+
+class _OnlyFrom(KWSWindows):
+    """Windows whose every word comes from the clips of one speaker."""
+
+    speaker = "awb"
+
+    def _pick(self, label: int, rng: np.random.Generator) -> int:
+        super()._pick(label, rng)  # the same draws as the parent
+        idx = np.flatnonzero((self.pool.labels == label) & (self.pool.speakers == self.speaker))
+        return int(idx[0])
+
+
+def test_domain_targets_name_the_words_engine_from_its_start_to_its_hold() -> None:
+    pool = _pool()
+    ds = KWSWindows(pool, [], WindowConfig(), seed=3, length=40)
+    assert ds.domain_names == ["espeak", "flite"]
+    seen = set()
+    for i in range(40):
+        a = ds[i]
+        t, d = a.targets.numpy(), a.domains.numpy()
+        word = (t != SIL) & (t != IGNORE)  # a word's hold
+        assert (d[word] != IGNORE).all()  # every held label has the word's engine
+        w = a.words.numpy()  # the word's label over the same span
+        assert ((w != IGNORE) == (d != IGNORE)).all() and (w[word] == t[word]).all()
+        if (t == SIL).all():
+            assert (d == IGNORE).all()  # a word-less window has no domain
+        else:
+            first = int(np.flatnonzero(t != SIL)[0])  # the first word's first frame
+            assert (d[:first] == IGNORE).all() and d[first] != IGNORE
+        seen |= set(d[d != IGNORE].tolist())
+    assert seen == {0, 1}
+    only = _OnlyFrom(pool, [], WindowConfig(), seed=3, length=40)
+    for i in range(10):
+        d = only[i].domains.numpy()
+        assert set(d[d != IGNORE].tolist()) <= {1}  # flite, awb's engine

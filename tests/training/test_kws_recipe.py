@@ -110,6 +110,16 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "--frame-window must be 0 or >= --frame-stride" in capsys.readouterr().err
     assert main([*argv_win, "--steps", "1", "--freq-masks", "1", "--freq-mask-width", "41"]) == 2
     assert "exceeds the 40 mel bands" in capsys.readouterr().err
+    # the domain-invariance penalty (training only): the checkpoint is the same network
+    inv = tmp_path / "kws-invariance"
+    argv_inv = [a if a != str(out) else str(inv) for a in argv]
+    assert main([*argv_inv, "--steps", "2", "--invariance-weight", "0.5",
+                 "--invariance-classwise"]) == 0  # fmt: skip
+    summary = json.loads((inv / "summary.json").read_text())
+    assert summary["invariance"]["domains"] == ["espeak", "flite"]
+    assert 0.0 <= summary["valid"]["domain_share"] <= 1.0
+    plain_keys = set(load_checkpoint(out / "model").state_dict())
+    assert set(load_checkpoint(inv / "model").state_dict()) == plain_keys
     # one threshold per command: chosen on valid, compared with the shared one on test
     per = tmp_path / "per-command"
     rc = eval_main(

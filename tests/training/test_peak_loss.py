@@ -191,7 +191,8 @@ def test_the_recipe_adds_the_weighted_peak_loss_to_the_frame_loss() -> None:
     gen = torch.Generator().manual_seed(0)
     audio = torch.randn(2, 16000, generator=gen) * 0.1
     targets = random_targets(gen, 2, 50)
-    batch = (audio, targets, torch.ones(2))
+    no_word = torch.full_like(targets, -100)
+    batch = (audio, targets, torch.ones(2), no_word, no_word)
     base, n = plain.loss(model, batch, torch.device("cpu"))
     both, _ = peaked.loss(model, batch, torch.device("cpu"))
     with torch.no_grad():

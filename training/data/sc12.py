@@ -11,7 +11,12 @@ background (``rooms.py``), and one target per frame of ``stride`` samples:
     afterwards ........... ``_silence_``
 
 so a causal model learns to say a word shortly after it ends and to fall back to
-``_silence_``; an item also carries a VTLP warp factor for the recurrent front end.
+``_silence_``; an item (:class:`KWSItem`) also carries a VTLP warp factor for the recurrent
+front end and, for the domain-invariance penalty (``training/invariance.py``), each frame's
+*domain*: the index of the word's engine (``KWSWindows.domain_names``) from the word's start to
+the end of its hold, ``IGNORE`` elsewhere, and the word's label over the same span (a morph or
+codec copy counts as its source voice's engine). Neither draws from the window's random
+stream.
 Commands, unknown words and word-less windows are drawn 55/30/15, and the engine group
 (espeak-ng vs the other engines) 40/60, so the few non-espeak speakers are not drowned
 out; where the pool holds morphed voices (``morph.py``), a word comes from them with
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -145,8 +151,21 @@ def _mix(
     return x + bg * np.float32(10 ** (float(rng.uniform(*cfg.silence_dbfs)) / 20))
 
 
+class KWSItem(NamedTuple):
+    """One training window (batched by the DataLoader into the same fields, with a batch axis)."""
+
+    audio: torch.Tensor  # (L,) float32
+    targets: torch.Tensor  # (L // stride,) int64: SC12 label or IGNORE
+    warp: float  # VTLP factor of the front end's frequency axis (1.0: none)
+    domains: (
+        torch.Tensor
+    )  # (L // stride,) int64: the word's engine (KWSWindows.domain_names) or IGNORE
+    words: torch.Tensor  # (L // stride,) int64: the label of the word of a frame with a domain
+    # (its whole span, where `targets` ignores its start), IGNORE elsewhere
+
+
 class KWSWindows(Dataset):
-    """Training windows ``(audio (L,), targets (L // stride,), warp)`` of one split."""
+    """Training windows (:class:`KWSItem`) of one split."""
 
     def __init__(
         self,
@@ -174,6 +193,9 @@ class KWSWindows(Dataset):
         self.groups = sorted({g for g, _ in self.by_group})
         unk = np.flatnonzero(pool.labels == UNK)
         self._babble_idx = unk if len(unk) else np.arange(len(pool))
+        names, index = np.unique(pool.engines, return_inverse=True)
+        self.domain_names: list[str] = [str(n) for n in names]  # sorted engines
+        self.clip_domain = index.astype(np.int64)  # (N,) engine index of each clip
 
     def _per_engine(self, idx: np.ndarray) -> list[np.ndarray]:
         """`idx` split by engine with balance_engines, else as one array."""
@@ -215,13 +237,15 @@ class KWSWindows(Dataset):
             return int(rng.integers(N_COMMANDS))
         return UNK
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    def __getitem__(self, index: int) -> KWSItem:
         cfg, rc = self.cfg, self.cfg.room
         rng = np.random.default_rng([self.seed, 0x77, self.epoch, index])
         n = int(cfg.window_s * SAMPLE_RATE) // cfg.stride * cfg.stride
         n_frames = n // cfg.stride
         x = np.zeros(n, np.float32)
         targets = np.full(n_frames, SIL, np.int64)
+        domains = np.full(n_frames, IGNORE, np.int64)
+        words = np.full(n_frames, IGNORE, np.int64)
         frame_end = (np.arange(n_frames) + 1) * cfg.stride  # sample time of each output
         has_word = rng.random() < cfg.p_command + cfg.p_unknown
         n_words = (2 if rng.random() < cfg.p_two_words else 1) if has_word else 0
@@ -244,6 +268,8 @@ class KWSWindows(Dataset):
             targets[(frame_end > end + int(cfg.settle_s * sr)) & (frame_end <= hold_end)] = label
             fade = (frame_end > hold_end) & (frame_end <= hold_end + int(cfg.fade_s * sr))
             targets[fade] = IGNORE
+            span = (frame_end > pos) & (frame_end <= hold_end)
+            domains[span], words[span] = self.clip_domain[i], label
             pos = end + int(rng.uniform(0.15, 0.8) * sr)
             if pos >= n:
                 break
@@ -254,7 +280,13 @@ class KWSWindows(Dataset):
             x = level(x, rc, rng)
         warp = float(rng.uniform(*cfg.vtlp)) if rng.random() < cfg.vtlp_prob else 1.0
         x = np.clip(x, -1.0, 1.0).astype(np.float32)
-        return torch.from_numpy(x), torch.from_numpy(targets), warp
+        return KWSItem(
+            torch.from_numpy(x),
+            torch.from_numpy(targets),
+            warp,
+            torch.from_numpy(domains),
+            torch.from_numpy(words),
+        )
 
 
 def clip_windows(

@@ -12,7 +12,10 @@ pooling head (``--pool-window-s``; 0 gives the paper's running mean). Loss: cros
 every frame with a target (see ``sc12.py``), so the model says a word shortly after it ends and
 ``_silence_`` otherwise; with ``--peak-loss-weight``, plus a loss on each word's peak smoothed
 posterior, the detector's own decision value, and with ``--false-peak-loss-weight`` a loss on the
-highest smoothed command posterior over silence and unknown words (``training/peak_loss.py``). The front end's mel filterbank is warped per window during training
+highest smoothed command posterior over silence and unknown words (``training/peak_loss.py``);
+with ``--invariance-weight``, plus the share of the scored features' variance that lies between
+the words' engines, so that an engine's signature is not what the classifier
+reads (``training/invariance.py``). The front end's mel filterbank is warped per window during training
 (vocal-tract-length perturbation), and with ``--freq-masks`` / ``--time-masks`` spans of mel
 bands and frames are masked (SpecAugment, ``training.spec_augment``); the shipped front end is
 unwarped and unmasked.
@@ -48,6 +51,7 @@ from training.data.sc12 import (
     IGNORE,
     SIL,
     UNK,
+    KWSItem,
     KWSWindows,
     WindowConfig,
     WordPool,
@@ -57,6 +61,7 @@ from training.data.sc12 import (
 from training.data.splits import check_disjoint, split_voices
 from training.data.vocab import SC12_LABELS, unknown_words
 from training.distributed import DistContext, ShardedSampler
+from training.invariance import InvarianceConfig, domain_share
 from training.modelopts import ModelOptions
 from training.peak_loss import (
     PeakLossConfig,
@@ -114,6 +119,9 @@ class KWSOptions:
     freq_mask_width: int = 7  # each spans fewer than this many bands
     time_masks: int = 0  # SpecAugment: frame spans masked per window
     time_mask_width: int = 5  # each spans fewer than this many frames
+    invariance_weight: float = 0.0  # adds this times the share of the scored features'
+    # variance between the words' engines (training/invariance.py); 0 = off
+    invariance_classwise: bool = False  # compare the domains within each word label
 
 
 def corpus_config(opts: KWSOptions, seed: int) -> CorpusConfig:
@@ -192,12 +200,18 @@ class WarpedFrontend:
         return self.fe.compress(torch.bmm(self.fe.power(frames), banks))
 
 
-def frame_logits(model: DLRModel, feats: torch.Tensor) -> torch.Tensor:
-    """Front-end features (B, F, D) -> class scores (B, F, C) (the rest of DLRModel.forward)."""
+def scored_features(model: DLRModel, feats: torch.Tensor) -> torch.Tensor:
+    """Front-end features (B, F, D) -> what the classifier scores (B, F, H) (the rest of
+    DLRModel.forward before the head's projection)."""
     h = model.encoder.embed_features(feats)  # (B, F, H)
     for block in model.blocks:
         h = block(h)
-    return model.head(h)
+    return model.head.scored_features(h)
+
+
+def frame_logits(model: DLRModel, feats: torch.Tensor) -> torch.Tensor:
+    """Front-end features (B, F, D) -> class scores (B, F, C) (the rest of DLRModel.forward)."""
+    return model.head.proj(scored_features(model, feats))
 
 
 @torch.no_grad()
@@ -270,6 +284,13 @@ class KWSRecipe(Recipe):
             smooth_frames=opts.peak_smooth_frames,
         )
         self.peak.check()
+        self.invariance = InvarianceConfig(
+            weight=opts.invariance_weight,
+            classwise=opts.invariance_classwise,
+        )
+        self.invariance.check()
+        self._share = np.zeros(2)  # sum of the batches' domain shares, batches since the last eval
+        self._share_last: dict[str, float] = {}
         self.word_labels = torch.tensor([*range(SIL), UNK])  # commands and _unknown_
         self.reject_labels = torch.tensor([SIL, UNK])
         self.command_labels = torch.arange(SIL)
@@ -343,16 +364,19 @@ class KWSRecipe(Recipe):
         return iter(loader)
 
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[torch.Tensor, int]:
-        audio, targets, warps = batch[0].to(device), batch[1].to(device), batch[2]
+        item = KWSItem(*batch)
+        audio, targets = item.audio.to(device), item.targets.to(device)
         core = getattr(model, "module", model)  # DDP wraps the model
-        if self.warp is not None or self.specaug.active:
+        feats_out: torch.Tensor | None = None  # what the classifier scores (B, F, H)
+        if self.warp is not None or self.specaug.active or self.invariance.active:
             cfg = core.config
             frames = frames_of(audio, cfg.frame_stride, cfg.history)  # (B, F, W)
             if self.warp is not None:
-                feats = self.warp.features(frames, warps)  # (B, F, M)
+                feats = self.warp.features(frames, item.warp)  # (B, F, M)
             else:
                 feats = core.encoder.frontend(frames)
-            logits = frame_logits(core, spec_augment(feats, self.specaug))  # (B, F, C)
+            feats_out = scored_features(core, spec_augment(feats, self.specaug))  # (B, F, H)
+            logits = core.head.proj(feats_out)  # (B, F, C)
         else:
             logits = model(audio)  # (B, F, C)
         n = min(logits.shape[1], targets.shape[1])
@@ -370,7 +394,26 @@ class KWSRecipe(Recipe):
             if self.peak.false_weight > 0:
                 false = false_peak_loss(sm, t, self.reject_labels, self.command_labels)
                 loss = loss + self.peak.false_weight * false
+        if feats_out is not None:  # measured in every run that has the features, added if asked
+            domains = item.domains.to(device)[:, :n]  # (B, n)
+            groups = item.words.to(device)[:, :n] if self.invariance.classwise else None
+            if self.invariance.active:
+                share = domain_share(feats_out[:, :n].float(), domains, groups)
+                loss = loss + self.invariance.weight * share
+            else:
+                with torch.no_grad():
+                    share = domain_share(feats_out[:, :n].float(), domains, groups)
+            self._share += (float(share.detach()), 1.0)
         return loss, audio.shape[0]
+
+    def invariance_metrics(self) -> dict[str, float]:
+        """The mean domain share of the training batches since the last call (the last value
+        again when no batch came since; nothing where the loss never saw the features)."""
+        total, n = self._share
+        if n:
+            self._share_last = {"domain_share": total / n}
+            self._share = np.zeros(2)
+        return dict(self._share_last)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, device: torch.device, split: str = "valid") -> dict:
@@ -382,6 +425,7 @@ class KWSRecipe(Recipe):
             after = scores_after_context(model, self.valid_context, self.valid_audio)
             ctx = clip_metrics(after, self.valid_labels)
             out.update({f"context_{k}": v for k, v in ctx.items() if k != "clips"})
+        out.update(self.invariance_metrics())
         model.train(was)
         return out
 
@@ -414,6 +458,12 @@ class KWSRecipe(Recipe):
         }
         results["state_bytes_per_session"] = to_recurrent(model.cpu()).state_bytes_per_session()
         results["split"] = {k: sorted(set(p.voices.tolist())) for k, p in self.pools.items()}
+        if self._share_last:
+            results["invariance"] = {
+                **asdict(self.invariance),
+                "domains": self.train_set.domain_names,
+                **self.invariance_metrics(),
+            }
         results["sizes"] = {
             k: {
                 "clips": len(p),
