@@ -30,6 +30,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -211,7 +212,14 @@ def evaluate(model_dir: str | Path, opts: EvalOptions) -> dict[str, Any]:
     meta = getattr(model, "checkpoint_metadata", {}) or {}
     training = meta.get("training", {})
     kws_opts = training.get("recipe_options", {}).get("kws", {})
-    split = opts.split or kws_opts.get("split", "final")
+    split = opts.split or kws_opts.get("split", "")
+    if not split:
+        split = "final"
+        print(
+            f"{model_dir}: its metadata names no training split; scoring the 'final' split's "
+            "test voices (give --split for a leave-one-synthesizer-out fold)",
+            file=sys.stderr,
+        )
     seed = opts.seed or int(training.get("train", {}).get("seed", 0))
     out = Path(opts.out) if opts.out else model_dir / "eval"
     out.mkdir(parents=True, exist_ok=True)

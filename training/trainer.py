@@ -128,6 +128,7 @@ class Trainer:
         self.recipe = recipe
         self.cfg = cfg
         self.out = Path(cfg.out_dir)
+        self.info: dict[str, Any] = {}  # the run's options (_run_info), once the run starts
 
     def _run_info(self, ctx: DistContext) -> dict[str, Any]:
         return {
@@ -140,7 +141,10 @@ class Trainer:
 
     def _save_last(self, model: nn.Module, opt, progress: Progress, info: dict) -> None:
         last = self.out / LAST_DIR
-        self.recipe.save_model(model, last, {"progress": "in training", "step": progress.step})
+        # the run's options go with every checkpoint, so a tool reading one mid-run (dlr-eval on
+        # last/ or on an interrupted run's model/) sees its split and recipe
+        summary = {**info, "progress": "in training", "step": progress.step}
+        self.recipe.save_model(model, last, summary)
         save_train_state(last, opt, progress, info)
 
     def run(self) -> dict[str, Any]:
@@ -165,6 +169,7 @@ class Trainer:
             keep_ssm_fp32(model)
         opt = make_optimizer(model, cfg)
         info = self._run_info(ctx)
+        self.info = info
         log = MetricsLog(self.out, enabled=ctx.is_main)
         progress = Progress()
         last = self.out / LAST_DIR
@@ -295,7 +300,8 @@ class Trainer:
         )
         if improved:
             progress.best, progress.best_step = value, progress.step
-            recipe.save_model(model, self.out / MODEL_DIR, {"best_step": progress.step})
+            summary = {**self.info, "progress": "in training", "best_step": progress.step}
+            recipe.save_model(model, self.out / MODEL_DIR, summary)
         record = {"kind": "eval", "split": "valid", "step": progress.step, "epoch": epoch + 1}
         record.update({k: float(v) for k, v in metrics.items()})
         record["elapsed_s"] = progress.elapsed_s

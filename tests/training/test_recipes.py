@@ -96,6 +96,10 @@ def test_lm_recipe(tmp_path: Path, text_dir: Path, arch: str) -> None:
         }
         rec = load_recurrent(out / "model", dtype=torch.complex64, device="cpu")
         assert summary["state_bytes_per_session"] == rec.state_bytes_per_session()
+        # a checkpoint written mid-run names the run's options too (dlr-eval reads its split)
+        last = read_header(out / "last")["metadata"]["training"]
+        assert last["progress"] == "in training" and last["step"] == 4
+        assert last["recipe_options"] == summary["recipe_options"]
     else:
         header = read_plain_header(out / "model")
         assert header["arch"] == "transformer-lm"
