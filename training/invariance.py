@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-IGNORE = -100
+from training.data.sc12 import IGNORE
 
 
 @dataclass(frozen=True)

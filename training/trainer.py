@@ -128,7 +128,6 @@ class Trainer:
         self.recipe = recipe
         self.cfg = cfg
         self.out = Path(cfg.out_dir)
-        self.info: dict[str, Any] = {}  # the run's options (_run_info), once the run starts
 
     def _run_info(self, ctx: DistContext) -> dict[str, Any]:
         return {
@@ -169,7 +168,6 @@ class Trainer:
             keep_ssm_fp32(model)
         opt = make_optimizer(model, cfg)
         info = self._run_info(ctx)
-        self.info = info
         log = MetricsLog(self.out, enabled=ctx.is_main)
         progress = Progress()
         last = self.out / LAST_DIR
@@ -275,7 +273,7 @@ class Trainer:
             bar.close()
             progress.elapsed_s = time.perf_counter() - t_start
             if ctx.is_main:
-                self._evaluate_epoch(model, device, progress, log, epoch)
+                self._evaluate_epoch(model, device, progress, log, epoch, info)
             progress.epoch += 1
             progress.step_in_epoch = 0
             if ctx.is_main:
@@ -289,7 +287,13 @@ class Trainer:
         return summary
 
     def _evaluate_epoch(
-        self, model: nn.Module, device, progress: Progress, log: MetricsLog, epoch: int
+        self,
+        model: nn.Module,
+        device,
+        progress: Progress,
+        log: MetricsLog,
+        epoch: int,
+        info: dict[str, Any],
     ) -> None:
         """Score the held-out split, keep the best checkpoint, log and print the result."""
         recipe = self.recipe
@@ -300,7 +304,7 @@ class Trainer:
         )
         if improved:
             progress.best, progress.best_step = value, progress.step
-            summary = {**self.info, "progress": "in training", "best_step": progress.step}
+            summary = {**info, "progress": "in training", "best_step": progress.step}
             recipe.save_model(model, self.out / MODEL_DIR, summary)
         record = {"kind": "eval", "split": "valid", "step": progress.step, "epoch": epoch + 1}
         record.update({k: float(v) for k, v in metrics.items()})

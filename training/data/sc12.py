@@ -157,9 +157,8 @@ class KWSItem(NamedTuple):
     audio: torch.Tensor  # (L,) float32
     targets: torch.Tensor  # (L // stride,) int64: SC12 label or IGNORE
     warp: float  # VTLP factor of the front end's frequency axis (1.0: none)
-    domains: (
-        torch.Tensor
-    )  # (L // stride,) int64: the word's engine (KWSWindows.domain_names) or IGNORE
+    # (L // stride,) int64: the word's engine (an index into KWSWindows.domain_names) or IGNORE
+    domains: torch.Tensor
     words: torch.Tensor  # (L // stride,) int64: the label of the word of a frame with a domain
     # (its whole span, where `targets` ignores its start), IGNORE elsewhere
 

@@ -14,11 +14,11 @@ every frame with a target (see ``sc12.py``), so the model says a word shortly af
 posterior, the detector's own decision value, and with ``--false-peak-loss-weight`` a loss on the
 highest smoothed command posterior over silence and unknown words (``training/peak_loss.py``);
 with ``--invariance-weight``, plus the share of the scored features' variance that lies between
-the words' engines, so that an engine's signature is not what the classifier
-reads (``training/invariance.py``). The front end's mel filterbank is warped per window during training
-(vocal-tract-length perturbation), and with ``--freq-masks`` / ``--time-masks`` spans of mel
-bands and frames are masked (SpecAugment, ``training.spec_augment``); the shipped front end is
-unwarped and unmasked.
+the words' engines, so that an engine's signature is not what the classifier reads
+(``training/invariance.py``). The front end's mel filterbank is warped per window during
+training (vocal-tract-length perturbation), and with ``--freq-masks`` / ``--time-masks`` spans
+of mel bands and frames are masked (SpecAugment, ``training.spec_augment``); the shipped front
+end is unwarped and unmasked.
 
 Validation/selection metric: last-frame accuracy on 1.5 s clips of the valid speakers (commands,
 unknown words, word-less windows), which is what the server's utterance mode reports.
@@ -121,7 +121,7 @@ class KWSOptions:
     time_mask_width: int = 5  # each spans fewer than this many frames
     invariance_weight: float = 0.0  # adds this times the share of the scored features'
     # variance between the words' engines (training/invariance.py); 0 = off
-    invariance_classwise: bool = False  # compare the domains within each word label
+    invariance_classwise: bool = False  # compare the engines within each word label
 
 
 def corpus_config(opts: KWSOptions, seed: int) -> CorpusConfig:
