@@ -68,6 +68,15 @@ class DistContext:
         dist.all_reduce(t)
         return float(t.item()) / self.world_size
 
+    def average_grads(self, module: torch.nn.Module) -> None:
+        """Average `module`'s gradients over processes, as DDP does for the model it wraps."""
+        if not self.distributed:
+            return
+        for p in module.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad /= self.world_size
+
     def close(self) -> None:
         if self.distributed and dist.is_initialized():
             dist.destroy_process_group()

@@ -7,6 +7,9 @@ autocast on CUDA, a tqdm bar with loss and throughput, metrics (JSONL, CSV, PNG)
 every epoch, the best checkpoint in `<out_dir>/model/`, and a resumable state in
 `<out_dir>/last/` (model + optimiser + counters, written every `save_every` steps and at every
 epoch end). `--resume` continues from `<out_dir>/last/` exactly where it stopped.
+A recipe may also train modules that are not part of the model (`Recipe.auxiliary`, e.g. a head
+of an auxiliary loss): they share the optimiser, clipping and schedule, are kept in
+`last/auxiliary.safetensors` for resuming, and never enter a checkpoint.
 
 Run directory:
     run.json          recipe and configuration of the run
@@ -32,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
 
@@ -44,6 +47,7 @@ from .state import Progress, has_train_state, load_train_state, save_train_state
 
 MODEL_DIR = "model"
 LAST_DIR = "last"
+AUX_FILE = "auxiliary.safetensors"  # in last/: the recipe's auxiliary modules
 
 
 class Recipe(ABC):
@@ -60,6 +64,11 @@ class Recipe(ABC):
 
     @abstractmethod
     def build_model(self) -> nn.Module: ...
+
+    def auxiliary(self) -> nn.Module | None:
+        """Modules trained with the model but not part of it (called once, after build_model;
+        the recipe keeps its own reference and uses it in `loss`); None: none."""
+        return None
 
     @abstractmethod
     def steps_per_epoch(self) -> int: ...
@@ -138,12 +147,17 @@ class Trainer:
             "world_size": ctx.world_size,
         }
 
-    def _save_last(self, model: nn.Module, opt, progress: Progress, info: dict) -> None:
+    def _save_last(
+        self, model: nn.Module, opt, progress: Progress, info: dict, aux: nn.Module | None
+    ) -> None:
         last = self.out / LAST_DIR
         # the run's options go with every checkpoint, so a tool reading one mid-run (dlr-eval on
         # last/ or on an interrupted run's model/) sees its split and recipe
         summary = {**info, "progress": "in training", "step": progress.step}
         self.recipe.save_model(model, last, summary)
+        if aux is not None:
+            state = {k: v.detach().cpu().contiguous() for k, v in aux.state_dict().items()}
+            save_file(state, str(last / AUX_FILE))
         save_train_state(last, opt, progress, info)
 
     def run(self) -> dict[str, Any]:
@@ -163,16 +177,23 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         recipe.setup(ctx)
         model = recipe.build_model().to(device)
+        aux = recipe.auxiliary()
+        if aux is not None:
+            aux.to(device)
         use_amp = cfg.amp and device.type == "cuda"
         if use_amp:
             keep_ssm_fp32(model)
-        opt = make_optimizer(model, cfg)
+        # the optimised modules: the model's parameters first, in the order of a model alone
+        trained: nn.Module = model if aux is None else nn.ModuleDict({"model": model, "aux": aux})
+        opt = make_optimizer(trained, cfg)
         info = self._run_info(ctx)
         log = MetricsLog(self.out, enabled=ctx.is_main)
         progress = Progress()
         last = self.out / LAST_DIR
         if cfg.resume and has_train_state(last):
             model.load_state_dict(load_file(last / "model.safetensors", device=str(device)))
+            if aux is not None:
+                aux.load_state_dict(load_file(last / AUX_FILE, device=str(device)))
             progress, _ = load_train_state(last, opt, device)
             log.truncate_after(progress.step)
             if ctx.is_main:
@@ -238,8 +259,10 @@ class Trainer:
                     )
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
+                if aux is not None and ctx.distributed:
+                    ctx.average_grads(aux)  # DDP averages the model's gradients only
                 if cfg.grad_clip > 0:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                    torch.nn.utils.clip_grad_norm_(trained.parameters(), cfg.grad_clip)
                 opt.step()
                 progress.step += 1
                 progress.step_in_epoch += 1
@@ -269,7 +292,7 @@ class Trainer:
                     run_loss, run_n, run_items, t_log = 0.0, 0, 0, time.perf_counter()
                 if cfg.save_every and progress.step % cfg.save_every == 0 and ctx.is_main:
                     progress.elapsed_s = time.perf_counter() - t_start
-                    self._save_last(model, opt, progress, info)
+                    self._save_last(model, opt, progress, info, aux)
             bar.close()
             progress.elapsed_s = time.perf_counter() - t_start
             if ctx.is_main:
@@ -277,7 +300,7 @@ class Trainer:
             progress.epoch += 1
             progress.step_in_epoch = 0
             if ctx.is_main:
-                self._save_last(model, opt, progress, info)
+                self._save_last(model, opt, progress, info, aux)
             ctx.barrier()
         summary: dict[str, Any] = {}
         if ctx.is_main:

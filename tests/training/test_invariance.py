@@ -180,9 +180,9 @@ def test_the_recipe_adds_the_weighted_share_to_the_frame_loss(classwise: bool) -
     assert n == 24 and float(want) > 0
     assert abs(float((both - base).detach()) - 0.5 * float(want)) < 1e-6
     assert set(model.state_dict()) == keys  # nothing added to the model
-    assert penalised.invariance_metrics()["domain_share"] == pytest.approx(float(want), abs=1e-6)
-    assert plain.invariance_metrics() == {}  # no VTLP: the plain forward, nothing measured
+    assert penalised.training_metrics()["domain_share"] == pytest.approx(float(want), abs=1e-6)
+    assert plain.training_metrics() == {}  # no VTLP: the plain forward, nothing measured
     measured = _recipe(vtlp=True, invariance_classwise=classwise)
     measured.build_model()  # (its VTLP front end)
     measured.loss(model, batch, torch.device("cpu"))
-    assert 0.0 < measured.invariance_metrics()["domain_share"] < 1.0  # measured, not added
+    assert 0.0 < measured.training_metrics()["domain_share"] < 1.0  # measured, not added

@@ -257,6 +257,22 @@ def test_codec_round_trip_keeps_every_clip_in_place(codec):
 
 
 @needs_ffmpeg
+def test_rendering_ahead_fills_the_cache_that_runs_read(tmp_path):
+    cfg, voices = CorpusConfig(), _voices()
+    assert codecs.render_all(tmp_path, cfg, voices, workers=2) == [v.voice.key for v in voices]
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert len(files) == len(voices)
+    other = tmp_path / "one-by-one"
+    other.mkdir()
+    for vc in voices:  # what a run makes for itself: the same audio, under the same name
+        ahead = codecs.coded_voice(tmp_path, cfg, vc)
+        alone = codecs.coded_voice(other, cfg, vc)
+        assert np.array_equal(ahead.audio, alone.audio)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == files  # read, not redone
+    assert sorted(p.name for p in other.iterdir()) == files
+
+
+@needs_ffmpeg
 def test_coded_voices_are_cached_and_each_voice_keeps_its_codec(tmp_path):
     cfg = CorpusConfig()
     vc = _voices()[1]

@@ -120,6 +120,16 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     assert 0.0 <= summary["valid"]["domain_share"] <= 1.0
     plain_keys = set(load_checkpoint(out / "model").state_dict())
     assert set(load_checkpoint(inv / "model").state_dict()) == plain_keys
+    # the auxiliary phoneme loss (training only): its head resumes, the checkpoint is the same
+    pho = tmp_path / "kws-phonemes"
+    argv_pho = [a if a != str(out) else str(pho) for a in argv]
+    assert main([*argv_pho, "--steps", "2", "--phoneme-loss-weight", "0.3"]) == 0
+    assert (pho / "last" / "auxiliary.safetensors").is_file()
+    assert main([*argv_pho, "--steps", "3", "--phoneme-loss-weight", "0.3", "--resume"]) == 0
+    summary = json.loads((pho / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["phoneme_loss"]["weight"] == 0.3
+    assert summary["phoneme_loss"]["final"] > 0 and summary["valid"]["phoneme_loss"] > 0
+    assert set(load_checkpoint(pho / "model").state_dict()) == plain_keys
     # one threshold per command: chosen on valid, compared with the shared one on test
     per = tmp_path / "per-command"
     rc = eval_main(

@@ -21,8 +21,8 @@ class Interrupted(Exception):
     pass
 
 
-class InterruptingLM(LMRecipe):
-    """The real LM recipe, whose data stream dies after `stop_after` batches of the run."""
+class InterruptAfter:
+    """A recipe mixin: the data stream dies after `stop_after` batches of the run."""
 
     def __init__(self, *args: Any, stop_after: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -30,11 +30,34 @@ class InterruptingLM(LMRecipe):
         self.served = 0
 
     def train_batches(self, epoch: int, start: int) -> Iterator[Any]:
-        for batch in super().train_batches(epoch, start):
+        for batch in super().train_batches(epoch, start):  # type: ignore[misc]
             if self.served == self.stop_after:
                 raise Interrupted
             self.served += 1
             yield batch
+
+
+class InterruptingLM(InterruptAfter, LMRecipe):
+    """The real LM recipe, interrupted."""
+
+
+class AuxLM(LMRecipe):
+    """The LM recipe with an auxiliary module (trained, never in the checkpoint)."""
+
+    def auxiliary(self) -> torch.nn.Module:
+        with torch.random.fork_rng():
+            torch.manual_seed(7)
+            self.aux = torch.nn.Linear(4, 1)
+        return self.aux
+
+    def loss(self, model, batch, device):
+        loss, n = super().loss(model, batch, device)
+        extra = (self.aux(torch.ones(1, 4)) - 3.0).pow(2).sum()
+        return loss + 0.1 * extra, n
+
+
+class InterruptingAuxLM(InterruptAfter, AuxLM):
+    """The LM recipe with an auxiliary module, interrupted."""
 
 
 def _setup(
@@ -89,3 +112,35 @@ def test_resume_matches_an_uninterrupted_run(tmp_path: Path, text_dir: Path) -> 
         if json.loads(x)["kind"] == "train"
     ]
     assert steps == list(range(1, 10))  # records past the saved step were dropped, none repeated
+
+
+def test_an_auxiliary_module_trains_resumes_and_stays_out_of_the_checkpoint(
+    tmp_path: Path, text_dir: Path
+) -> None:
+    opts, model, train = _setup(text_dir, tmp_path / "full")
+    full_recipe = AuxLM(opts, model, train)
+    Trainer(full_recipe, train).run()
+    with torch.random.fork_rng():
+        torch.manual_seed(7)
+        start = torch.nn.Linear(4, 1)
+    assert not torch.equal(full_recipe.aux.weight.detach(), start.weight)  # it was trained
+
+    opts, model, train = _setup(text_dir, tmp_path / "cut")
+    with pytest.raises(Interrupted):
+        Trainer(InterruptingAuxLM(opts, model, train, stop_after=7), train).run()
+    opts, model, train = _setup(text_dir, tmp_path / "cut", resume=True)
+    Trainer(AuxLM(opts, model, train), train).run()
+
+    for run in ("full", "cut"):
+        ckpt = load_file(tmp_path / run / "model" / "model.safetensors")
+        plain = load_file(tmp_path / "cut" / "last" / "model.safetensors")
+        assert ckpt.keys() == plain.keys() and not any("aux" in k for k in ckpt)
+    full_aux = load_file(tmp_path / "full" / "last" / "auxiliary.safetensors")
+    cut_aux = load_file(tmp_path / "cut" / "last" / "auxiliary.safetensors")
+    assert full_aux.keys() == {"weight", "bias"}
+    for name in full_aux:
+        torch.testing.assert_close(cut_aux[name], full_aux[name], rtol=1e-6, atol=1e-7)
+    full = load_file(tmp_path / "full" / "last" / "model.safetensors")
+    resumed = load_file(tmp_path / "cut" / "last" / "model.safetensors")
+    for name in full:
+        torch.testing.assert_close(resumed[name], full[name], rtol=1e-6, atol=1e-7, msg=name)

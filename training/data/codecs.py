@@ -11,23 +11,29 @@ Each voice gets one codec setting drawn from `CODECS` by a hash of (seed, voice 
 corpus holds a spread of codecs and bitrates while each voice costs one ffmpeg run; results
 are cached next to the clean clips (`codec-*.npz`, keyed by the clean cache key and the
 setting). Training uses a coded copy of a word with probability `RoomConfig.codec_prob`
-(`sc12.KWSWindows`), before the room and channel effects.
+(`sc12.KWSWindows`), before the room and channel effects. A run renders the copies of its
+training voices one after another; `python -m training.data.codecs --workers 2` renders every
+voice's copy ahead in parallel (after the clean corpus), so runs started together find them.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import multiprocessing as mp
 import os
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
-from training.data.corpus import CorpusConfig, VoiceClips, cache_key
+from training.data.corpus import CorpusConfig, VoiceClips, cache_key, generate
 from training.data.labels import SAMPLE_RATE
 
 GAP = SAMPLE_RATE // 5  # silence between clips inside one encoded stream
@@ -129,3 +135,38 @@ def coded_voice(cache_dir: str | os.PathLike, cfg: CorpusConfig, vc: VoiceClips)
     if len(audio) != int(vc.offsets[-1]):
         raise ValueError(f"{path.name}: coded audio does not match its clean clips")
     return VoiceClips(vc.voice, audio, vc.offsets, vc.labels, vc.words)
+
+
+def _render(cache_dir: str, cfg: CorpusConfig, vc: VoiceClips) -> str:
+    coded_voice(cache_dir, cfg, vc)
+    return vc.voice.key
+
+
+def render_all(
+    cache_dir: str | os.PathLike, cfg: CorpusConfig, voices: Sequence[VoiceClips], workers: int
+) -> list[str]:
+    """Render the coded copy of each of `voices` into the cache (a process per voice at a
+    time, `workers` at once); returns the voice keys, in order."""
+    if not available():
+        raise RuntimeError("ffmpeg is not installed (scripts/setup.sh installs it)")
+    ctx = mp.get_context("spawn")  # (no forked copies of the loaded corpus)
+    with ProcessPoolExecutor(max(1, workers), mp_context=ctx) as pool:
+        jobs = [pool.submit(_render, str(cache_dir), cfg, vc) for vc in voices]
+        return [job.result() for job in tqdm(jobs, "codecs", unit="voice")]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """CLI: render every voice's codec copy ahead of training."""
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--cache-dir", default="runs/sc12cache")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    cfg = CorpusConfig(seed=args.seed)
+    clips = generate(cfg, args.cache_dir, args.workers)  # (renders what is missing)
+    keys = render_all(args.cache_dir, cfg, list(clips.values()), args.workers)
+    print(f"{len(keys)} voices have a codec copy in {args.cache_dir}")
+
+
+if __name__ == "__main__":
+    main()

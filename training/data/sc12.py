@@ -15,8 +15,10 @@ so a causal model learns to say a word shortly after it ends and to fall back to
 front end and, for the domain-invariance penalty (``training/invariance.py``), each frame's
 *domain*: the index of the word's engine (``KWSWindows.domain_names``) from the word's start to
 the end of its hold, ``IGNORE`` elsewhere, and the word's label over the same span (a morph or
-codec copy counts as its source voice's engine). Neither draws from the window's random
-stream.
+codec copy counts as its source voice's engine), and, given a phoneme table
+(``phonemes.py``), the phonemes of its words for the auxiliary phoneme loss
+(``training/phoneme_loss.py``; -1 phonemes when a word is cut by the window's edge). None of
+these draws from the window's random stream.
 Commands, unknown words and word-less windows are drawn 55/30/15, and the engine group
 (espeak-ng vs the other engines) 40/60, so the few non-espeak speakers are not drowned
 out; where the pool holds morphed voices (``morph.py``), a word comes from them with
@@ -44,10 +46,12 @@ from torch.utils.data import Dataset
 
 from training.data.corpus import VoiceClips
 from training.data.labels import SAMPLE_RATE, SC10_LABELS
+from training.data.phonemes import PhonemeTable
 from training.data.rooms import RoomConfig, background, channel, level, word_effects
 from training.data.vocab import NEAR_MISSES, SC12_LABELS, SILENCE, UNKNOWN
 
 IGNORE = -100
+MAX_PHONES = 32  # room for the phonemes of a window's words (two words: at most ~20)
 SIL = SC12_LABELS.index(SILENCE)
 UNK = SC12_LABELS.index(UNKNOWN)
 N_COMMANDS = len(SC10_LABELS)
@@ -161,6 +165,10 @@ class KWSItem(NamedTuple):
     domains: torch.Tensor
     words: torch.Tensor  # (L // stride,) int64: the label of the word of a frame with a domain
     # (its whole span, where `targets` ignores its start), IGNORE elsewhere
+    phones: torch.Tensor  # (MAX_PHONES,) int64: the phoneme ids of the window's words in order
+    # (data/phonemes.py), padded with 0; all 0 when the dataset has no phoneme table
+    n_phones: int  # how many of `phones` are the target; -1: no usable target (a word cut by
+    # the window's edge, or no phoneme table)
 
 
 class KWSWindows(Dataset):
@@ -173,8 +181,10 @@ class KWSWindows(Dataset):
         cfg: WindowConfig = WindowConfig(),
         seed: int = 0,
         length: int = 20000,
+        phonemes: PhonemeTable | None = None,
     ) -> None:
         self.pool, self.rirs, self.cfg, self.seed, self.length = pool, rirs, cfg, seed, length
+        self.phonemes = phonemes  # phoneme targets of the auxiliary loss; None: none
         self.epoch = 0
         esp, morph = pool.engines == "espeak", pool.morphed
         near = np.isin(pool.words, NEAR_MISSES) & (pool.labels == UNK)
@@ -251,6 +261,8 @@ class KWSWindows(Dataset):
         pos = int(rng.uniform(-0.2, cfg.onset_max_s) * SAMPLE_RATE)
         power, count = 0.0, 0
         sr = SAMPLE_RATE
+        phones: list[int] = []
+        whole = self.phonemes is not None  # every word inside the window (a usable target)
         for _ in range(n_words):
             label = self._event_label(rng)
             i = self._pick(label, rng)
@@ -258,6 +270,9 @@ class KWSWindows(Dataset):
             word, speech_len = word_effects(self.pool.audio(i, coded), rc, self.rirs, rng)
             _place(x, word, pos)
             end = pos + speech_len
+            if self.phonemes is not None:
+                phones += self.phonemes.encode(str(self.pool.words[i]))
+                whole = whole and pos >= 0 and end <= n
             seg = word[max(0, -pos) : max(0, min(len(word), n - pos))]
             if seg.size:
                 power += float(np.mean(seg.astype(np.float64) ** 2))
@@ -279,12 +294,18 @@ class KWSWindows(Dataset):
             x = level(x, rc, rng)
         warp = float(rng.uniform(*cfg.vtlp)) if rng.random() < cfg.vtlp_prob else 1.0
         x = np.clip(x, -1.0, 1.0).astype(np.float32)
+        whole = whole and len(phones) <= MAX_PHONES
+        padded = torch.zeros(MAX_PHONES, dtype=torch.int64)
+        if whole:
+            padded[: len(phones)] = torch.tensor(phones, dtype=torch.int64)
         return KWSItem(
             torch.from_numpy(x),
             torch.from_numpy(targets),
             warp,
             torch.from_numpy(domains),
             torch.from_numpy(words),
+            padded,
+            len(phones) if whole else -1,
         )
 
 

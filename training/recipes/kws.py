@@ -15,7 +15,10 @@ posterior, the detector's own decision value, and with ``--false-peak-loss-weigh
 highest smoothed command posterior over silence and unknown words (``training/peak_loss.py``);
 with ``--invariance-weight``, plus the share of the scored features' variance that lies between
 the words' engines, so that an engine's signature is not what the classifier reads
-(``training/invariance.py``). The front end's mel filterbank is warped per window during
+(``training/invariance.py``); with ``--phoneme-loss-weight``, plus a CTC loss of a second,
+training-only head that spells each window's words in phonemes from the last block's per-frame
+features (``training/phoneme_loss.py``), so the network learns what was said beyond twelve
+classes. The front end's mel filterbank is warped per window during
 training (vocal-tract-length perturbation), and with ``--freq-masks`` / ``--time-masks`` spans
 of mel bands and frames are masked (SpecAugment, ``training.spec_augment``); the shipped front
 end is unwarped and unmasked.
@@ -46,6 +49,7 @@ from training.config import TrainConfig
 from training.data import codecs, morph
 from training.data.corpus import CorpusConfig, all_tts_voices, generate
 from training.data.labels import SAMPLE_RATE
+from training.data.phonemes import PhonemeTable, load_table
 from training.data.rooms import RoomConfig, rir_bank
 from training.data.sc12 import (
     IGNORE,
@@ -69,6 +73,7 @@ from training.peak_loss import (
     peak_span_loss,
     smoothed_softmax,
 )
+from training.phoneme_loss import PhonemeHead, PhonemeLossConfig, phoneme_ctc_loss
 from training.spec_augment import SpecAugmentConfig, spec_augment
 from training.streams import build_stream, scores_after_context
 from training.trainer import Recipe
@@ -122,6 +127,8 @@ class KWSOptions:
     invariance_weight: float = 0.0  # adds this times the share of the scored features'
     # variance between the words' engines (training/invariance.py); 0 = off
     invariance_classwise: bool = False  # compare the engines within each word label
+    phoneme_loss_weight: float = 0.0  # adds this times the CTC loss of a training-only head that
+    # spells the window's words in phonemes (training/phoneme_loss.py); 0 = off
 
 
 def corpus_config(opts: KWSOptions, seed: int) -> CorpusConfig:
@@ -200,13 +207,18 @@ class WarpedFrontend:
         return self.fe.compress(torch.bmm(self.fe.power(frames), banks))
 
 
-def scored_features(model: DLRModel, feats: torch.Tensor) -> torch.Tensor:
-    """Front-end features (B, F, D) -> what the classifier scores (B, F, H) (the rest of
-    DLRModel.forward before the head's projection)."""
+def block_features(model: DLRModel, feats: torch.Tensor) -> torch.Tensor:
+    """Front-end features (B, F, D) -> the last block's output (B, F, H), before the head."""
     h = model.encoder.embed_features(feats)  # (B, F, H)
     for block in model.blocks:
         h = block(h)
-    return model.head.scored_features(h)
+    return h
+
+
+def scored_features(model: DLRModel, feats: torch.Tensor) -> torch.Tensor:
+    """Front-end features (B, F, D) -> what the classifier scores (B, F, H) (the rest of
+    DLRModel.forward before the head's projection)."""
+    return model.head.scored_features(block_features(model, feats))
 
 
 def frame_logits(model: DLRModel, feats: torch.Tensor) -> torch.Tensor:
@@ -289,8 +301,13 @@ class KWSRecipe(Recipe):
             classwise=opts.invariance_classwise,
         )
         self.invariance.check()
-        self._share = np.zeros(2)  # sum of the batches' domain shares, batches since the last eval
-        self._share_last: dict[str, float] = {}
+        self.phoneme = PhonemeLossConfig(weight=opts.phoneme_loss_weight)
+        self.phoneme.check()
+        self.phoneme_table: PhonemeTable | None = load_table() if self.phoneme.active else None
+        self.phoneme_head: PhonemeHead | None = None  # built by auxiliary()
+        # running sums of batch metrics since the last evaluation: name -> (sum, batches)
+        self._running: dict[str, np.ndarray] = {}
+        self._running_last: dict[str, float] = {}
         self.word_labels = torch.tensor([*range(SIL), UNK])  # commands and _unknown_
         self.reject_labels = torch.tensor([SIL, UNK])
         self.command_labels = torch.arange(SIL)
@@ -309,7 +326,12 @@ class KWSRecipe(Recipe):
         self.pools = load_split(o, self.seed)
         self.rirs = rir_bank(o.cache_dir, seed=self.seed)
         self.train_set = KWSWindows(
-            self.pools["train"], self.rirs, window_config(o), self.seed, o.epoch_windows
+            self.pools["train"],
+            self.rirs,
+            window_config(o),
+            self.seed,
+            o.epoch_windows,
+            phonemes=self.phoneme_table,
         )
         self.sampler = ShardedSampler(len(self.train_set), self.seed, ctx.rank, ctx.world_size)
         valid = self.pools["valid"]
@@ -348,6 +370,16 @@ class KWSRecipe(Recipe):
             self.warp = WarpedFrontend(model.encoder.frontend)
         return model
 
+    def auxiliary(self) -> nn.Module | None:
+        """The phoneme loss's head (training only), when the loss is on."""
+        if self.phoneme_table is None:
+            return None
+        gen = torch.random.fork_rng()  # the model's own initialisation stays as without it
+        with gen:
+            torch.manual_seed(self.seed + 0x9407)
+            self.phoneme_head = PhonemeHead(self.model_opts.d_model, self.phoneme_table.n_classes)
+        return self.phoneme_head
+
     def steps_per_epoch(self) -> int:
         return self.sampler.per_rank() // self.batch_size
 
@@ -368,14 +400,17 @@ class KWSRecipe(Recipe):
         audio, targets = item.audio.to(device), item.targets.to(device)
         core = getattr(model, "module", model)  # DDP wraps the model
         feats_out: torch.Tensor | None = None  # what the classifier scores (B, F, H)
-        if self.warp is not None or self.specaug.active or self.invariance.active:
+        blocks_out: torch.Tensor | None = None  # the last block's output (B, F, H)
+        explicit = self.warp is not None or self.specaug.active or self.invariance.active
+        if explicit or self.phoneme_head is not None:
             cfg = core.config
             frames = frames_of(audio, cfg.frame_stride, cfg.history)  # (B, F, W)
             if self.warp is not None:
                 feats = self.warp.features(frames, item.warp)  # (B, F, M)
             else:
                 feats = core.encoder.frontend(frames)
-            feats_out = scored_features(core, spec_augment(feats, self.specaug))  # (B, F, H)
+            blocks_out = block_features(core, spec_augment(feats, self.specaug))  # (B, F, H)
+            feats_out = core.head.scored_features(blocks_out)  # (B, F, H)
             logits = core.head.proj(feats_out)  # (B, F, C)
         else:
             logits = model(audio)  # (B, F, C)
@@ -403,17 +438,27 @@ class KWSRecipe(Recipe):
             else:
                 with torch.no_grad():
                     share = domain_share(feats_out[:, :n].float(), domains, groups)
-            self._share += (float(share.detach()), 1.0)
+            self._accumulate("domain_share", share)
+        if self.phoneme_head is not None and blocks_out is not None:
+            log_probs = self.phoneme_head(blocks_out)  # (B, F, P + 1)
+            phones, n_phones = item.phones.to(device), item.n_phones.to(device)
+            ctc = phoneme_ctc_loss(log_probs, phones, n_phones)
+            loss = loss + self.phoneme.weight * ctc
+            self._accumulate("phoneme_loss", ctc)
         return loss, audio.shape[0]
 
-    def invariance_metrics(self) -> dict[str, float]:
-        """The mean domain share of the training batches since the last call (the last value
-        again when no batch came since; nothing where the loss never saw the features)."""
-        total, n = self._share
-        if n:
-            self._share_last = {"domain_share": total / n}
-            self._share = np.zeros(2)
-        return dict(self._share_last)
+    def _accumulate(self, name: str, value: torch.Tensor) -> None:
+        self._running.setdefault(name, np.zeros(2))
+        self._running[name] += (float(value.detach()), 1.0)
+
+    def training_metrics(self) -> dict[str, float]:
+        """The mean domain share and phoneme loss of the training batches since the last call
+        (the last values again when no batch came since; nothing the loss never computed)."""
+        for name, (total, n) in self._running.items():
+            if n:
+                self._running_last[name] = total / n
+        self._running = {}
+        return dict(self._running_last)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, device: torch.device, split: str = "valid") -> dict:
@@ -425,7 +470,7 @@ class KWSRecipe(Recipe):
             after = scores_after_context(model, self.valid_context, self.valid_audio)
             ctx = clip_metrics(after, self.valid_labels)
             out.update({f"context_{k}": v for k, v in ctx.items() if k != "clips"})
-        out.update(self.invariance_metrics())
+        out.update(self.training_metrics())
         model.train(was)
         return out
 
@@ -458,11 +503,18 @@ class KWSRecipe(Recipe):
         }
         results["state_bytes_per_session"] = to_recurrent(model.cpu()).state_bytes_per_session()
         results["split"] = {k: sorted(set(p.voices.tolist())) for k, p in self.pools.items()}
-        if self._share_last:
+        last = self.training_metrics()
+        if "domain_share" in last:
             results["invariance"] = {
                 **asdict(self.invariance),
                 "domains": self.train_set.domain_names,
-                **self.invariance_metrics(),
+                "domain_share": last["domain_share"],
+            }
+        if "phoneme_loss" in last and self.phoneme_table is not None:
+            results["phoneme_loss"] = {
+                **asdict(self.phoneme),
+                "phonemes": len(self.phoneme_table.inventory),
+                "final": last["phoneme_loss"],
             }
         results["sizes"] = {
             k: {
