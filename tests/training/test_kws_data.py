@@ -199,8 +199,8 @@ def _voices() -> list:
 def test_windows_are_deterministic_and_targets_follow_words():
     pool = _pool()
     ds = KWSWindows(pool, [], WindowConfig(), seed=3, length=64)
-    x1, y1, w1, d1, _ = ds[5]
-    x2, y2, w2, d2, _ = ds[5]
+    x1, y1, w1, d1, *_ = ds[5]
+    x2, y2, w2, d2, *_ = ds[5]
     assert torch.equal(x1, x2) and torch.equal(y1, y2) and w1 == w2 and torch.equal(d1, d2)
     ds.set_epoch(1)
     assert not torch.equal(ds[5][0], x1)  # a new epoch draws new augmentation

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from training.data.sc12 import IGNORE, SIL, UNK
+from training.data.sc12 import IGNORE, MAX_PHONES, SIL, UNK, KWSItem
 from training.peak_loss import (
     PeakLossConfig,
     false_peak_loss,
@@ -192,7 +192,10 @@ def test_the_recipe_adds_the_weighted_peak_loss_to_the_frame_loss() -> None:
     audio = torch.randn(2, 16000, generator=gen) * 0.1
     targets = random_targets(gen, 2, 50)
     no_word = torch.full_like(targets, -100)
-    batch = (audio, targets, torch.ones(2), no_word, no_word)
+    no_phones = torch.zeros(2, MAX_PHONES, dtype=torch.long)
+    batch = KWSItem(
+        audio, targets, torch.ones(2), no_word, no_word, no_phones, torch.full((2,), -1)
+    )
     base, n = plain.loss(model, batch, torch.device("cpu"))
     both, _ = peaked.loss(model, batch, torch.device("cpu"))
     with torch.no_grad():
