@@ -234,3 +234,31 @@ def test_the_recipe_adds_the_weighted_ctc_and_keeps_the_model() -> None:
     assert spelled.training_metrics()["phoneme_loss"] == pytest.approx(float(want), rel=1e-5)
     with pytest.raises(ValueError, match="--phoneme-loss-weight must be >= 0"):
         KWSRecipe(KWSOptions(phoneme_loss_weight=-1.0), small, TrainConfig())
+
+
+def test_the_head_can_read_an_earlier_block() -> None:
+    from training.config import TrainConfig
+    from training.modelopts import ModelOptions
+    from training.recipes.kws import KWSOptions, KWSRecipe, block_outputs
+
+    two = ModelOptions(d_model=8, d_state=4, n_layers=2)
+    plain = KWSRecipe(KWSOptions(vtlp=False), two, TrainConfig())
+    opts = KWSOptions(vtlp=False, phoneme_loss_weight=1.0, phoneme_loss_block=1)
+    first = KWSRecipe(opts, two, TrainConfig())
+    head = first.auxiliary()
+    windows = KWSWindows(_worded_pool(), [], WindowConfig(), seed=2, length=8,
+                         phonemes=load_table())  # fmt: skip
+    batch = default_collate([windows[i] for i in range(8)])
+    model = plain.build_model()
+    base, _ = plain.loss(model, batch, torch.device("cpu"))
+    both, _ = first.loss(model, batch, torch.device("cpu"))
+    with torch.no_grad():
+        cfg = model.config
+        frames = model.encoder.frontend(frames_of(batch.audio, cfg.frame_stride, cfg.history))
+        outs = block_outputs(model, frames)
+        want = phoneme_ctc_loss(head(outs[0]), batch.phones, batch.n_phones)
+        last = phoneme_ctc_loss(head(outs[1]), batch.phones, batch.n_phones)
+    assert abs(float((both - base).detach()) - float(want)) < 1e-5
+    assert abs(float(want - last)) > 1e-4  # the two blocks differ, so the choice is seen
+    with pytest.raises(ValueError, match=r"--phoneme-loss-block must be in \[0, --n-layers 2\]"):
+        KWSRecipe(KWSOptions(phoneme_loss_block=3), two, TrainConfig())

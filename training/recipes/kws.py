@@ -133,6 +133,8 @@ class KWSOptions:
     invariance_classwise: bool = False  # compare the engines within each word label
     phoneme_loss_weight: float = 0.0  # adds this times the CTC loss of a training-only head that
     # spells the window's words in phonemes (training/phoneme_loss.py); 0 = off
+    phoneme_loss_block: int = 0  # the block whose output the phoneme head reads (1 = the first;
+    # 0 = the last, the features the classifier pools)
     select: str = "accuracy"  # the valid metric that keeps model/: accuracy | command_accuracy
 
 
@@ -212,12 +214,19 @@ class WarpedFrontend:
         return self.fe.compress(torch.bmm(self.fe.power(frames), banks))
 
 
-def block_features(model: DLRModel, feats: torch.Tensor) -> torch.Tensor:
-    """Front-end features (B, F, D) -> the last block's output (B, F, H), before the head."""
+def block_outputs(model: DLRModel, feats: torch.Tensor) -> list[torch.Tensor]:
+    """Front-end features (B, F, D) -> every block's output [(B, F, H)], first to last."""
     h = model.encoder.embed_features(feats)  # (B, F, H)
+    outs = []
     for block in model.blocks:
         h = block(h)
-    return h
+        outs.append(h)
+    return outs
+
+
+def block_features(model: DLRModel, feats: torch.Tensor) -> torch.Tensor:
+    """Front-end features (B, F, D) -> the last block's output (B, F, H), before the head."""
+    return block_outputs(model, feats)[-1]
 
 
 def scored_features(model: DLRModel, feats: torch.Tensor) -> torch.Tensor:
@@ -313,6 +322,11 @@ class KWSRecipe(Recipe):
         self.invariance.check()
         self.phoneme = PhonemeLossConfig(weight=opts.phoneme_loss_weight)
         self.phoneme.check()
+        if not 0 <= opts.phoneme_loss_block <= model_opts.n_layers:
+            raise ValueError(
+                f"--phoneme-loss-block must be in [0, --n-layers {model_opts.n_layers}], "
+                f"got {opts.phoneme_loss_block}"
+            )
         self.phoneme_table: PhonemeTable | None = load_table() if self.phoneme.active else None
         self.phoneme_head: PhonemeHead | None = None  # built by auxiliary()
         # running sums of batch metrics since the last evaluation: name -> (sum, batches)
@@ -410,7 +424,7 @@ class KWSRecipe(Recipe):
         audio, targets = item.audio.to(device), item.targets.to(device)
         core = getattr(model, "module", model)  # DDP wraps the model
         feats_out: torch.Tensor | None = None  # what the classifier scores (B, F, H)
-        blocks_out: torch.Tensor | None = None  # the last block's output (B, F, H)
+        spelled: torch.Tensor | None = None  # the output the phoneme head reads (B, F, H)
         explicit = self.warp is not None or self.specaug.active or self.invariance.active
         if explicit or self.phoneme_head is not None:
             cfg = core.config
@@ -419,8 +433,9 @@ class KWSRecipe(Recipe):
                 feats = self.warp.features(frames, item.warp)  # (B, F, M)
             else:
                 feats = core.encoder.frontend(frames)
-            blocks_out = block_features(core, spec_augment(feats, self.specaug))  # (B, F, H)
-            feats_out = core.head.scored_features(blocks_out)  # (B, F, H)
+            outs = block_outputs(core, spec_augment(feats, self.specaug))  # [(B, F, H)]
+            feats_out = core.head.scored_features(outs[-1])  # (B, F, H)
+            spelled = outs[self.opts.phoneme_loss_block - 1]  # (block 0: the last)
             logits = core.head.proj(feats_out)  # (B, F, C)
         else:
             logits = model(audio)  # (B, F, C)
@@ -449,8 +464,8 @@ class KWSRecipe(Recipe):
                 with torch.no_grad():
                     share = domain_share(feats_out[:, :n].float(), domains, groups)
             self._accumulate("domain_share", share)
-        if self.phoneme_head is not None and blocks_out is not None:
-            log_probs = self.phoneme_head(blocks_out)  # (B, F, P + 1)
+        if self.phoneme_head is not None and spelled is not None:
+            log_probs = self.phoneme_head(spelled)  # (B, F, P + 1)
             phones, n_phones = item.phones.to(device), item.n_phones.to(device)
             ctc = phoneme_ctc_loss(log_probs, phones, n_phones)
             loss = loss + self.phoneme.weight * ctc

@@ -1,0 +1,79 @@
+"""Probe (not part of the product): leave-one-synthesizer-out folds of several recipes side by side.
+
+Each ``--arm NAME MODEL_DIR ...`` names a recipe and its fold checkpoints (a run's ``model/`` or
+``last/``), each already scored by ``dlr-eval speech MODEL_DIR --stream-minutes 0`` (its
+``eval/eval.json``). Prints a Markdown table (commands on clean clips of the unheard engine,
+unknown words accepted in brackets, per fold and their mean) and, with ``--png``, a bar chart of
+the commands per fold and arm.
+
+    PYTHONPATH=. python training/cards/probes/fold_compare.py \\
+        --arm control runs/ctl_loso-*/last --arm phonemes runs/pho_loso-*/last --png out.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def fold_scores(model_dir: str) -> tuple[str, float, float]:
+    """(held-out engine, commands on clean clips, unknown words accepted) of one scored fold."""
+    res = json.loads((Path(model_dir) / "eval" / "eval.json").read_text())
+    held = res["split"].removeprefix("loso-")
+    return held, res["clean"]["command_accuracy"], res["clean"]["unknown_accepted"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--arm", nargs="+", action="append", required=True, metavar="NAME DIR")
+    ap.add_argument("--png", default="")
+    args = ap.parse_args()
+    arms: dict[str, dict[str, tuple[float, float]]] = {}
+    for name, *dirs in args.arm:
+        arms[name] = {h: (c, u) for h, c, u in map(fold_scores, dirs)}
+    folds = sorted({f for scores in arms.values() for f in scores})
+    print("| held out | " + " | ".join(arms) + " |")
+    print("|---" * (len(arms) + 1) + "|")
+    for f in [*folds, "mean"]:
+        cells = []
+        for scores in arms.values():
+            if f == "mean":
+                vals = list(scores.values())
+                c = sum(v[0] for v in vals) / len(vals)
+                u = sum(v[1] for v in vals) / len(vals)
+                cells.append(
+                    f"{100 * c:.1f} % ({100 * u:.1f} %)"
+                    + ("" if len(vals) == len(folds) else f" [{len(vals)} folds]")
+                )
+            elif f in scores:
+                c, u = scores[f]
+                cells.append(f"{100 * c:.1f} % ({100 * u:.1f} %)")
+            else:
+                cells.append("-")
+        print(f"| {f} | " + " | ".join(cells) + " |")
+    if args.png:
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        width = 0.8 / len(arms)
+        for k, (name, scores) in enumerate(arms.items()):
+            xs = [i + (k - (len(arms) - 1) / 2) * width for i, f in enumerate(folds) if f in scores]
+            ys = [100 * scores[f][0] for f in folds if f in scores]
+            ax.bar(xs, ys, width, label=name)
+        ax.set_xticks(range(len(folds)), [f"without {f}" for f in folds], fontsize=8)
+        ax.set_ylabel("commands of the unheard engine (clean, %)")
+        ax.axhline(95, color="k", ls=":", lw=1)
+        ax.text(len(folds) - 0.5, 96, "goal 95 %", ha="right", fontsize=8)
+        ax.set_ylim(0, 100)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(args.png, dpi=120)
+        print(f"wrote {args.png}")
+
+
+if __name__ == "__main__":
+    main()
