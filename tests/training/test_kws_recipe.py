@@ -128,6 +128,7 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main([*argv_pho, "--steps", "3", "--phoneme-loss-weight", "0.3", "--resume"]) == 0
     summary = json.loads((pho / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["phoneme_loss"]["weight"] == 0.3
+    assert summary["phoneme_loss"]["block"] == 2  # the last of TINY_MODEL's two blocks
     assert summary["phoneme_loss"]["final"] > 0 and summary["valid"]["phoneme_loss"] > 0
     assert set(load_checkpoint(pho / "model").state_dict()) == plain_keys
     # one threshold per command: chosen on valid, compared with the shared one on test

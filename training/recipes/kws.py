@@ -398,8 +398,7 @@ class KWSRecipe(Recipe):
         """The phoneme loss's head (training only), when the loss is on."""
         if self.phoneme_table is None:
             return None
-        gen = torch.random.fork_rng()  # the model's own initialisation stays as without it
-        with gen:
+        with torch.random.fork_rng():  # the model's initialisation stays as without the head
             torch.manual_seed(self.seed + 0x9407)
             self.phoneme_head = PhonemeHead(self.model_opts.d_model, self.phoneme_table.n_classes)
         return self.phoneme_head
@@ -538,6 +537,7 @@ class KWSRecipe(Recipe):
         if "phoneme_loss" in last and self.phoneme_table is not None:
             results["phoneme_loss"] = {
                 **asdict(self.phoneme),
+                "block": self.opts.phoneme_loss_block or self.model_opts.n_layers,
                 "phonemes": len(self.phoneme_table.inventory),
                 "final": last["phoneme_loss"],
             }
