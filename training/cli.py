@@ -4,7 +4,7 @@
     dlr-train lm --text my_corpus/ --out-dir runs/lm --steps 3000 --arch dlr
     dlr-train synthetic --task cumsum --length 256 --steps 500
     dlr-train suite --length 128 --steps 300 --out-dir benchmarks/synthetic
-    torchrun --nproc_per_node=2 -m training.cli lm ...      (DistributedDataParallel)
+    torchrun --nproc_per_node=2 -m training.cli lm ...      (data parallel, training/distributed.py)
 
 Every option of `TrainConfig` (optimisation, schedule, device, checkpoints) and of
 `ModelOptions` (width, state size, layers, layer kind) is available to every recipe, under the

@@ -20,7 +20,7 @@ class TrainConfig:
     device: str = "auto"  # "auto" (cuda when available, else cpu), "cpu", "cuda", "cuda:1"...
     amp: bool = True  # bfloat16 autocast on CUDA (SSM kernels/FFTs stay in float32); no-op on CPU
     threads: int = 0  # torch intra-op threads on CPU (0: leave torch's default)
-    batch_size: int = 32  # per process (DDP: global batch = batch_size * world size)
+    batch_size: int = 32  # per process (torchrun: global batch = batch_size * world size)
     epochs: int = 10  # number of epochs (an epoch is `steps_per_epoch` steps for stream recipes)
     steps: int = 0  # total optimiser steps; 0: epochs * steps per epoch
     max_minutes: float = 0.0  # stop (then evaluate and finish) after this time (0: none)

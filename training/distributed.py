@@ -1,9 +1,15 @@
-"""Device selection and torch DistributedDataParallel set-up (launch with torchrun).
+"""Device selection and data-parallel set-up across processes (launch with torchrun).
 
 `torchrun --nproc_per_node=K -m training.cli <recipe> ...` sets RANK / WORLD_SIZE / LOCAL_RANK;
 `DistContext.from_env` then joins the process group (NCCL on CUDA, gloo on CPU) and each process
 trains on its own shard of every epoch (`ShardedSampler`) or its own random stream. Without those
 variables everything runs in one process and no process group is created.
+
+The trainer keeps the replicas equal itself: rank 0's parameters are broadcast before training
+(`broadcast_params`) and every step's gradients are averaged over the processes in one flattened
+all-reduce (`average_grads`). torch's DistributedDataParallel wrapper is not used: it averages
+only when its own `forward` runs, and recipes call their models' parts directly (the kws
+recipe's warped front end, its auxiliary heads), which left each process training alone.
 """
 
 from __future__ import annotations
@@ -69,13 +75,29 @@ class DistContext:
         return float(t.item()) / self.world_size
 
     def average_grads(self, module: torch.nn.Module) -> None:
-        """Average `module`'s gradients over processes, as DDP does for the model it wraps."""
+        """Average `module`'s gradients over the processes (one all-reduce of them all; a
+        parameter without a gradient on this process counts as a zero one)."""
         if not self.distributed:
             return
-        for p in module.parameters():
-            if p.grad is not None:
-                dist.all_reduce(p.grad)
-                p.grad /= self.world_size
+        params = [p for p in module.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat)
+        flat /= self.world_size
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad.copy_(flat[offset : offset + n].view_as(p))
+            offset += n
+
+    def broadcast_params(self, module: torch.nn.Module) -> None:
+        """Give every process rank 0's parameters and buffers."""
+        if not self.distributed:
+            return
+        for t in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(t.data, src=0)
 
     def close(self) -> None:
         if self.distributed and dist.is_initialized():

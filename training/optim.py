@@ -17,7 +17,7 @@ from .config import TrainConfig
 
 
 def is_ssm_param(name: str) -> bool:
-    """True for parameters of a diagonal SSM layer (`blocks.<i>.ssm.*`), also under DDP."""
+    """True for parameters of a diagonal SSM layer (`blocks.<i>.ssm.*`), under any prefix."""
     return ".ssm." in f".{name}"
 
 

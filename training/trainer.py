@@ -1,10 +1,11 @@
 """The training loop shared by every recipe.
 
 A recipe (`training.recipes`) says how to build the model, produce batches, compute the loss,
-evaluate on held-out data and write a checkpoint; `Trainer` does the rest: device and DDP,
-AdamW with the SSM parameter group, warmup + cosine schedule, gradient clipping, bfloat16
-autocast on CUDA, a tqdm bar with loss and throughput, metrics (JSONL, CSV, PNG), evaluation
-every epoch, the best checkpoint in `<out_dir>/model/`, and a resumable state in
+evaluate on held-out data and write a checkpoint; `Trainer` does the rest: device, data-parallel
+processes under torchrun (`distributed.py`), AdamW with the SSM parameter group, warmup + cosine
+schedule, gradient clipping, bfloat16 autocast on CUDA, a tqdm bar with loss and throughput,
+metrics (JSONL, CSV, PNG), evaluation every epoch, the best checkpoint in `<out_dir>/model/`, and
+a resumable state in
 `<out_dir>/last/` (model + optimiser + counters, written every `save_every` steps and at every
 epoch end). `--resume` continues from `<out_dir>/last/` exactly where it stopped.
 A recipe may also train modules that are not part of the model (`Recipe.auxiliary`, e.g. a head
@@ -171,7 +172,7 @@ class Trainer:
     def _run(self, ctx: DistContext) -> dict[str, Any]:
         cfg, recipe, device = self.cfg, self.recipe, ctx.device
         if ctx.distributed and cfg.max_minutes:
-            raise ValueError("--max-minutes would stop processes at different steps under DDP")
+            raise ValueError("--max-minutes would stop processes at different steps under torchrun")
         if cfg.threads and device.type == "cpu":
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
@@ -210,10 +211,7 @@ class Trainer:
                     log.path.unlink()
         if ctx.is_main:
             (self.out / "run.json").write_text(json.dumps(info, indent=1))
-        train_model: nn.Module = model
-        if ctx.distributed:
-            ids = [device.index] if device.type == "cuda" else None
-            train_model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        ctx.broadcast_params(trained)  # (equal already when every rank seeds and loads alike)
 
         spe = recipe.steps_per_epoch()
         if spe < 1:
@@ -252,15 +250,14 @@ class Trainer:
                 factor = lr_factor(progress.step, total, cfg.warmup, cfg.min_lr_ratio)
                 set_lr(opt, factor)
                 with autocast:
-                    loss, n_items = recipe.loss(train_model, batch, device)
+                    loss, n_items = recipe.loss(model, batch, device)
                 if not torch.isfinite(loss):
                     raise FloatingPointError(
                         f"non-finite loss {loss.item()} at step {progress.step}"
                     )
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
-                if aux is not None and ctx.distributed:
-                    ctx.average_grads(aux)  # DDP averages the model's gradients only
+                ctx.average_grads(trained)  # the model's and the auxiliary modules' (torchrun)
                 if cfg.grad_clip > 0:
                     torch.nn.utils.clip_grad_norm_(trained.parameters(), cfg.grad_clip)
                 opt.step()

@@ -421,21 +421,20 @@ class KWSRecipe(Recipe):
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[torch.Tensor, int]:
         item = KWSItem(*batch)
         audio, targets = item.audio.to(device), item.targets.to(device)
-        core = getattr(model, "module", model)  # DDP wraps the model
         feats_out: torch.Tensor | None = None  # what the classifier scores (B, F, H)
         spelled: torch.Tensor | None = None  # the output the phoneme head reads (B, F, H)
         explicit = self.warp is not None or self.specaug.active or self.invariance.active
         if explicit or self.phoneme_head is not None:
-            cfg = core.config
+            cfg = model.config
             frames = frames_of(audio, cfg.frame_stride, cfg.history)  # (B, F, W)
             if self.warp is not None:
                 feats = self.warp.features(frames, item.warp)  # (B, F, M)
             else:
-                feats = core.encoder.frontend(frames)
-            outs = block_outputs(core, spec_augment(feats, self.specaug))  # [(B, F, H)]
-            feats_out = core.head.scored_features(outs[-1])  # (B, F, H)
+                feats = model.encoder.frontend(frames)
+            outs = block_outputs(model, spec_augment(feats, self.specaug))  # [(B, F, H)]
+            feats_out = model.head.scored_features(outs[-1])  # (B, F, H)
             spelled = outs[self.opts.phoneme_loss_block - 1]  # (block 0: the last)
-            logits = core.head.proj(feats_out)  # (B, F, C)
+            logits = model.head.proj(feats_out)  # (B, F, C)
         else:
             logits = model(audio)  # (B, F, C)
         n = min(logits.shape[1], targets.shape[1])
