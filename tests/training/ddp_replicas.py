@@ -26,10 +26,9 @@ class DirectLM(LMRecipe):
     auxiliary module that starts different on each process and is pulled to a different target
     on each, so only a synchronised run keeps the copies equal."""
 
-    start: dict[str, torch.Tensor] = {}
-
     def build_model(self) -> nn.Module:
         self.model = super().build_model()
+        self.start: dict[str, torch.Tensor] = {}  # the copies at the first step
         return self.model
 
     def auxiliary(self) -> nn.Module:
