@@ -8,8 +8,20 @@ cd "$(dirname "$0")/.."
 # and the offline base image of docker/build-local.sh for tests/docker/test_compose_e2e.py),
 # haproxy (load balancer of the replica tests; checks docker/haproxy/haproxy.cfg), redis-server
 # (the Redis state store; tests start their own on a free 127.0.0.1 port), flite, festival and its
-# English voices, ffmpeg (the multi-synthesizer speech corpus of training/data).
-apt_pkgs="espeak-ng sox chromium chromium-driver docker-compose prometheus docker.io debootstrap haproxy redis-server flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts festvox-ca-ona-hts festvox-czech-dita festvox-czech-krb festvox-czech-machac festvox-czech-ph festvox-suopuhe-lj festvox-suopuhe-mv festvox-italp16k festvox-itapc16k festvox-ru ffmpeg"
+# English voices, ffmpeg (the multi-synthesizer speech corpus of training/data); from Debian's
+# contrib / non-free components (enabled below when the sources name main only): MBROLA with
+# twenty voices, RHVoice's English voices and SVOX Pico, the opt-in engines of
+# training/data/engines.py (MORE_ENGINES).
+mbrola_voices="us1 us2 us3 en1 af1 de1 de2 de3 de4 de5 de6 fr1 fr4 gr2 hu1 nl2 pl1 ro1 sw1 sw2"
+nonfree_pkgs="mbrola $(for v in $mbrola_voices; do printf 'mbrola-%s ' "$v"; done)rhvoice rhvoice-english libttspico-utils"
+apt_pkgs="espeak-ng sox chromium chromium-driver docker-compose prometheus docker.io debootstrap haproxy redis-server flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts festvox-ca-ona-hts festvox-czech-dita festvox-czech-krb festvox-czech-machac festvox-czech-ph festvox-suopuhe-lj festvox-suopuhe-mv festvox-italp16k festvox-itapc16k festvox-ru ffmpeg $nonfree_pkgs"
+nonfree_list=/etc/apt/sources.list.d/dlr-serve-contrib-non-free.sources
+if command -v apt-get >/dev/null 2>&1 && [ -f /etc/apt/sources.list.d/debian.sources ] \
+  && ! grep -rqs "non-free" /etc/apt/sources.list /etc/apt/sources.list.d/ \
+  && [ -w /etc/apt/sources.list.d ]; then
+  suite=$(. /etc/os-release && echo "$VERSION_CODENAME")
+  printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: %s\nComponents: contrib non-free\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' "$suite" > "$nonfree_list"
+fi
 missing=""
 for p in $apt_pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if command -v apt-get >/dev/null 2>&1 && [ -n "$missing" ]; then

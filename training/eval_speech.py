@@ -60,6 +60,8 @@ DET_TARGETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0)  # FA/h targets of the per-
 class EvalOptions:
     cache_dir: str = "runs/sc12cache"  # corpus cache (rendered if missing)
     split: str = ""  # split preset (default: the one the model was trained on)
+    more_engines: bool = False  # the corpus with MBROLA, RHVoice and Pico (data/engines.py
+    # MORE_ENGINES): their test voices too; always on for a model trained with them
     out: str = ""  # output folder (default: MODEL_DIR/eval)
     seed: int = 0  # corpus and augmentation seed (the model's training seed by default)
     max_clips: int = 0  # cap on test clips (0: all)
@@ -228,7 +230,11 @@ def evaluate(model_dir: str | Path, opts: EvalOptions) -> dict[str, Any]:
     frame_ms = 1000 * cfg.frame_stride / cfg.sample_rate
     base = KWSConfig.from_metadata(meta)
     tiny = bool(kws_opts.get("tiny_corpus", False))
-    pools = load_split(KWSOptions(cache_dir=opts.cache_dir, split=split, tiny_corpus=tiny), seed)
+    more = opts.more_engines or bool(kws_opts.get("more_engines", False))
+    pools = load_split(
+        KWSOptions(cache_dir=opts.cache_dir, split=split, tiny_corpus=tiny, more_engines=more),
+        seed,
+    )
     rirs = rir_bank(opts.cache_dir, seed=seed)
     test = pools["test"]
     idx = np.arange(len(test))
@@ -237,7 +243,12 @@ def evaluate(model_dir: str | Path, opts: EvalOptions) -> dict[str, Any]:
             np.random.default_rng([seed, 0xE7A]).choice(idx, opts.max_clips, replace=False)
         )
     lab = test.labels[idx]
-    results: dict[str, Any] = {"model": str(model_dir), "split": split, "seed": seed}
+    results: dict[str, Any] = {
+        "model": str(model_dir),
+        "split": split,
+        "seed": seed,
+        "more_engines": more,
+    }
     results["test_voices"] = sorted(set(test.voices.tolist()))
     results["sizes"] = {k: int(len(p)) for k, p in pools.items()}
     results["clip_detector"] = base.to_dict()  # the rule used for the clip "detector_fires"

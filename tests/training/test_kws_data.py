@@ -10,12 +10,23 @@ import pytest
 import torch
 
 from training.data import codecs
-from training.data.corpus import CorpusConfig, all_tts_voices, generate, render_items, voice_items
+from training.data.corpus import (
+    CorpusConfig,
+    all_tts_voices,
+    engines_for,
+    generate,
+    render_items,
+    voice_items,
+)
 from training.data.engines import (
     FESTIVAL_ACCENTED,
     FESTIVAL_VOICES,
     FLITE_VOICES,
+    MBROLA_VOICES,
+    MORE_ENGINES,
+    PICO_VOICES,
     RESPELL,
+    RHVOICE_VOICES,
     TTSVoice,
     engine_text,
 )
@@ -33,8 +44,17 @@ from training.data.vocab import (
 
 needs = {
     e: pytest.mark.skipif(shutil.which(x) is None, reason=f"{x} not installed")
-    for e, x in (("espeak", "espeak-ng"), ("flite", "flite"), ("festival", "festival"))
+    for e, x in (
+        ("espeak", "espeak-ng"),
+        ("flite", "flite"),
+        ("festival", "festival"),
+        ("mbrola", "mbrola"),
+        ("rhvoice", "RHVoice-test"),
+        ("pico", "pico2wave"),
+    )
 }
+#: The corpus with the opt-in engines (MBROLA, RHVoice, Pico): every preset has test voices.
+MORE = CorpusConfig(engines=engines_for(True))
 
 
 def test_label_set_and_unknown_words():
@@ -50,7 +70,7 @@ def test_label_set_and_unknown_words():
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_splits_are_speaker_disjoint(preset):
-    voices = all_tts_voices(CorpusConfig())
+    voices = all_tts_voices(MORE)
     split = split_voices(voices, preset)
     check_disjoint(split)
     speakers = {k: {v.speaker for v in vs} for k, vs in split.items()}
@@ -81,6 +101,52 @@ def test_shared_speakers_stay_together():
         if v.engine == "espeak":
             variant = v.name.split("+")[1]
             assert all(w.key in test_voices for w in voices if w.name.endswith("+" + variant))
+
+
+def test_more_engines_are_opt_in_and_their_shared_speakers_stay_together():
+    default = all_tts_voices(CorpusConfig())
+    assert not {v.engine for v in default} & set(MORE_ENGINES)
+    voices = all_tts_voices(MORE)
+    assert set(default) < set(voices)
+    by_engine = {e: [v for v in voices if v.engine == e] for e in MORE_ENGINES}
+    assert [len(by_engine[e]) for e in MORE_ENGINES] == [20, 6, 2]
+    speakers = {v.key: v.speaker for v in voices}
+    assert speakers["rhvoice:alan"] == speakers["flite:awb"] == "awb"
+    assert speakers["rhvoice:slt"] == speakers["flite:slt"] == "slt"
+    assert len({v.speaker for v in by_engine["mbrola"]}) == 20
+    final = split_voices(voices, "final")
+    where = {v.key: name for name, vs in final.items() for v in vs}
+    assert where["rhvoice:alan"] == "test" and where["rhvoice:slt"] == "train"
+    assert where["mbrola:mb-us1"] == where["mbrola:mb-hu1-en"] == where["pico:en-GB"] == "test"
+    assert where["mbrola:mb-us3"] == where["rhvoice:bdl"] == "valid"
+    assert {v.engine for v in final["test"]} == {"espeak", "flite", "festival", "kokoro", "piper",
+                                                 *MORE_ENGINES}  # fmt: skip
+    # every engine keeps training voices in the final split
+    assert {v.engine for v in final["train"]} >= set(MORE_ENGINES)
+    # leaving RHVoice out leaves out awb and slt through flite and festival too
+    rh_out = split_voices(voices, "loso-rhvoice")
+    assert not {v.speaker for v in rh_out["train"] + rh_out["valid"]} & {"awb", "slt", "clb"}
+    assert "flite:kal" in {v.key for v in rh_out["train"]}
+    # ... and leaving flite out leaves out RHVoice's alan and slt
+    fl_out = split_voices(voices, "loso-flite")
+    assert {"rhvoice:alan", "rhvoice:slt"}.isdisjoint(v.key for v in fl_out["train"])
+    assert "rhvoice:clb" in {v.key for v in fl_out["train"] + fl_out["valid"] + fl_out["test"]}
+
+
+def test_more_engines_sample_unknown_words_and_draw_rates_from_the_seed():
+    cfg = MORE
+    for voice in (MBROLA_VOICES[0], RHVOICE_VOICES[2], PICO_VOICES[1]):
+        items = voice_items(cfg, voice)
+        assert items == voice_items(CorpusConfig(engines=engines_for(True)), voice)
+        commands = [i for i in items if i.word in SC10_LABELS]
+        assert len(commands) == 10 * cfg.command_renditions
+        assert len(items) - len(commands) == cfg.neural_unknown_per_voice
+        assert len({i.rate for i in commands}) > 1  # renditions differ in rate
+        if voice.engine == "mbrola":  # espeak-ng's words per minute and pitch
+            assert all(cfg.espeak_wpm[0] <= i.rate <= cfg.espeak_wpm[1] for i in items)
+        else:  # duration stretch and pitch scale
+            assert all(cfg.stretch[0] <= i.rate <= cfg.stretch[1] for i in items)
+            assert all(cfg.f0_scale[0] <= i.pitch <= cfg.f0_scale[1] for i in items)
 
 
 def test_accented_voices_are_speakers_of_their_own_in_every_split():
@@ -137,6 +203,10 @@ def test_voice_items_are_deterministic_from_the_seed():
         pytest.param(FLITE_VOICES[2], marks=needs["flite"]),
         pytest.param(FESTIVAL_VOICES[1], marks=needs["festival"]),
         pytest.param(FESTIVAL_ACCENTED[9], marks=needs["festival"]),  # Russian, Cyrillic text
+        pytest.param(MBROLA_VOICES[0], marks=needs["mbrola"]),
+        pytest.param(MBROLA_VOICES[9], marks=needs["mbrola"]),  # a German woman reading English
+        pytest.param(RHVOICE_VOICES[2], marks=needs["rhvoice"]),
+        pytest.param(PICO_VOICES[0], marks=needs["pico"]),
     ],
 )
 def test_rendering_is_deterministic(voice):

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from training.data.corpus import CorpusConfig, VoiceClips, cache_key, generate
+from training.data.corpus import CorpusConfig, VoiceClips, cache_key, engines_for, generate
 from training.data.labels import SAMPLE_RATE
 
 GAP = SAMPLE_RATE // 5  # silence between clips inside one encoded stream
@@ -161,8 +161,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--cache-dir", default="runs/sc12cache")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--more-engines", action="store_true", help="also MBROLA, RHVoice and Pico")
     args = p.parse_args(argv)
-    cfg = CorpusConfig(seed=args.seed)
+    cfg = CorpusConfig(seed=args.seed, engines=engines_for(args.more_engines))
     clips = generate(cfg, args.cache_dir, args.workers)  # (renders what is missing)
     keys = render_all(args.cache_dir, cfg, list(clips.values()), args.workers)
     print(f"{len(keys)} voices have a codec copy in {args.cache_dir}")

@@ -4,12 +4,15 @@ Voices: espeak-ng (every accent x variant of ``speech_synth``; its *speaker* is 
 all accents of ``+f3`` are one speaker and never split apart), flite (kal, kal16, awb, rms, slt)
 and festival (kal_diphone, ked_diphone, cmu_us_slt_arctic_hts, and ten voices of other
 languages reading English with their accent), Kokoro-82M (five voices and mixes of them) and
-Piper (joe), the neural voices of ``neural_tts.py``; see ``engines.py`` for the speakers shared
-across engines (kal, slt) and the respelling the accented voices are given.
+Piper (joe), the neural voices of ``neural_tts.py``; with ``--more-engines`` also MBROLA (twenty
+recorded speakers through espeak-ng, sixteen of them reading English with another language's
+accent), RHVoice (six) and SVOX Pico (two) from Debian's contrib / non-free components. See
+``engines.py`` for the speakers shared across engines (kal, slt, awb) and the respelling the
+accented festival voices are given.
 
 Words: the ten commands (several renditions per voice at a speaking rate and pitch drawn from
 the seed) and the ``_unknown_`` words of ``vocab.py`` (every word for each flite/festival voice;
-a seeded sample per espeak-ng voice, so each word is heard from many espeak voices).
+a seeded sample per voice of the other engines, so each word is heard from many voices).
 
 Pipeline per clip: engine -> resample to 16 kHz (torchaudio) -> trim silence -> peak 0.9 ->
 int16. Clips are cached per voice in ``<cache_dir>/clean-<engine>-<voice>-<key>.npz`` where the
@@ -17,7 +20,7 @@ key hashes every input (seed, words, ranges, engine version); generation runs on
 (one job per espeak voice, batches of words per flite/festival voice) with a tqdm bar, and the
 result does not depend on the number of workers.
 
-CLI: ``python -m training.data.corpus --cache-dir runs/sc12cache --workers 2``.
+CLI: ``python -m training.data.corpus --cache-dir runs/sc12cache --workers 2 [--more-engines]``.
 """
 
 from __future__ import annotations
@@ -44,7 +47,11 @@ from training.data.engines import (
     KOKORO_ACCENT_VOICES,
     KOKORO_EXTRA_VOICES,
     KOKORO_VOICES,
+    MBROLA_VOICES,
+    MORE_ENGINES,
+    PICO_VOICES,
     PIPER_VOICES,
+    RHVOICE_VOICES,
     TTSVoice,
     can_vary_rate,
     engine_text,
@@ -52,6 +59,9 @@ from training.data.engines import (
     espeak_word,
     festival_batch,
     flite_synthesize,
+    mbrola_word,
+    pico_synthesize,
+    rhvoice_synthesize,
 )
 from training.data.labels import SAMPLE_RATE, SC10_LABELS
 from training.data.speech_synth import ACCENTS, VARIANTS
@@ -62,6 +72,9 @@ _CACHE_VERSION = 1
 #: depend on how its items are cut into jobs: that size is fixed here and part of its cache key.
 _PIPER_BATCH = 120
 _PEAK = 0.9
+#: Engines whose voices read a sample of the unknown words (not every word, as flite and
+#: festival do): slow ones, and the many MBROLA / RHVoice / Pico voices.
+_SAMPLED_UNKNOWN = ("kokoro", "piper", *MORE_ENGINES)
 #: Typical mean pitch (Hz) of each flite speaker; renditions scale it.
 _FLITE_F0 = {"kal": 105.0, "awb": 115.0, "rms": 100.0, "slt": 170.0}
 
@@ -90,6 +103,12 @@ class CorpusConfig:
     kokoro_accents: bool = False  # also Kokoro voices reading other accents (KOKORO_ACCENTED)
 
 
+def engines_for(more_engines: bool) -> tuple[str, ...]:
+    """The engines a corpus renders: the default five, and with ``more_engines`` also
+    :data:`~training.data.engines.MORE_ENGINES`."""
+    return CorpusConfig().engines + (MORE_ENGINES if more_engines else ())
+
+
 @dataclass(frozen=True)
 class ClipItem:
     """One clip to render: the word, its label and the engine's rate/pitch settings."""
@@ -116,6 +135,12 @@ def all_tts_voices(cfg: CorpusConfig) -> list[TTSVoice]:
         out += list(KOKORO_ACCENT_VOICES) if cfg.kokoro_accents else []
     if "piper" in cfg.engines:
         out += list(PIPER_VOICES)
+    if "mbrola" in cfg.engines:
+        out += list(MBROLA_VOICES)
+    if "rhvoice" in cfg.engines:
+        out += list(RHVOICE_VOICES)
+    if "pico" in cfg.engines:
+        out += list(PICO_VOICES)
     return sorted(out)
 
 
@@ -138,7 +163,7 @@ def voice_items(cfg: CorpusConfig, voice: TTSVoice) -> list[ClipItem]:
     for word in SC10_LABELS:
         for _ in range(reps):
             items.append(ClipItem(word, SC12_LABELS.index(word), *_other_rate(cfg, voice, rng)))
-    if voice.engine in ("kokoro", "piper"):  # ~0.5 s per word for kokoro: a sample, as espeak
+    if voice.engine in _SAMPLED_UNKNOWN:  # ~0.5 s per word for kokoro: a sample, as espeak
         n = min(cfg.neural_unknown_per_voice, len(cfg.unknown))
         for i in sorted(rng.choice(len(cfg.unknown), n, replace=False).tolist()):
             items.append(ClipItem(cfg.unknown[i], unk, *_other_rate(cfg, voice, rng)))
@@ -162,6 +187,11 @@ def _other_rate(
     if voice.engine == "piper":
         length = round(1.0 / float(rng.uniform(*cfg.neural_speed)), 3)
         return length, round(float(rng.uniform(*cfg.piper_noise)), 3)
+    if voice.engine == "mbrola":  # espeak-ng drives it: words per minute and pitch
+        return _espeak_rate(cfg, rng)
+    if voice.engine in ("rhvoice", "pico"):  # duration stretch and a pitch scale
+        stretch = round(float(rng.uniform(*cfg.stretch)), 3)
+        return stretch, round(float(rng.uniform(*cfg.f0_scale)), 3)
     stretch = round(float(rng.uniform(*cfg.stretch)), 3) if can_vary_rate(voice) else 1.0
     if voice.engine == "flite":
         return stretch, round(_FLITE_F0[voice.speaker] * float(rng.uniform(*cfg.f0_scale)), 1)
@@ -228,6 +258,12 @@ def render_items(voice: TTSVoice, items: Sequence[ClipItem]) -> list[np.ndarray]
         seed = zlib.crc32(json.dumps([voice.key, items[0].word, items[0].rate]).encode())
         piper = neural_tts.PiperVoice(voice.name, seed)  # noise seeded per batch of items
         raw = [piper(i.word, i.rate, i.pitch) for i in items]
+    elif voice.engine == "mbrola":
+        raw = [mbrola_word(i.word, voice.name, int(i.rate), int(i.pitch)) for i in items]
+    elif voice.engine == "rhvoice":
+        raw = [rhvoice_synthesize(i.word, voice.name, i.rate, i.pitch) for i in items]
+    elif voice.engine == "pico":
+        raw = [pico_synthesize(i.word, voice.name, i.rate, i.pitch) for i in items]
     else:
         raw = [espeak_word(i.word, voice.name, int(i.rate), int(i.pitch)) for i in items]
     return [_to_int16(a, r) for a, r in raw]
@@ -307,9 +343,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument(
         "--kokoro-accents", action="store_true", help="also Kokoro voices reading other accents"
     )
+    p.add_argument(
+        "--more-engines",
+        action="store_true",
+        help="also MBROLA, RHVoice and SVOX Pico (Debian contrib / non-free; scripts/setup.sh)",
+    )
     args = p.parse_args(argv)
     cfg = CorpusConfig(
-        seed=args.seed, kokoro_extra=args.kokoro_extra, kokoro_accents=args.kokoro_accents
+        seed=args.seed,
+        kokoro_extra=args.kokoro_extra,
+        kokoro_accents=args.kokoro_accents,
+        engines=engines_for(args.more_engines),
     )
     clips = generate(cfg, args.cache_dir, args.workers)
     by_engine: dict[str, list[int]] = {}

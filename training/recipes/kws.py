@@ -50,7 +50,7 @@ from dlr_runtime.kws import KWSConfig
 from dlr_runtime.model import frames_of
 from training.config import TrainConfig
 from training.data import codecs, morph
-from training.data.corpus import CorpusConfig, all_tts_voices, generate
+from training.data.corpus import CorpusConfig, all_tts_voices, engines_for, generate
 from training.data.labels import SAMPLE_RATE
 from training.data.phonemes import PhonemeTable, load_table
 from training.data.rooms import RoomConfig, rir_bank
@@ -124,6 +124,8 @@ class KWSOptions:
     # (data/rooms.py RoomConfig.snr_db)
     kokoro_extra: bool = False  # eight more Kokoro mixes of the training speakers (train only)
     kokoro_accents: bool = False  # Kokoro training speakers reading other accents (train only)
+    more_engines: bool = False  # also MBROLA, RHVoice and SVOX Pico (data/engines.py
+    # MORE_ENGINES; Debian contrib / non-free), in every split of the preset
     freq_masks: int = 0  # SpecAugment (training/spec_augment.py): mel-band spans masked per window
     freq_mask_width: int = 7  # each spans fewer than this many bands
     time_masks: int = 0  # SpecAugment: frame spans masked per window
@@ -142,7 +144,10 @@ def corpus_config(opts: KWSOptions, seed: int) -> CorpusConfig:
     """The corpus of a run: the full one, or a tiny one for tests."""
     if not opts.tiny_corpus:
         return CorpusConfig(
-            seed=seed, kokoro_extra=opts.kokoro_extra, kokoro_accents=opts.kokoro_accents
+            seed=seed,
+            kokoro_extra=opts.kokoro_extra,
+            kokoro_accents=opts.kokoro_accents,
+            engines=engines_for(opts.more_engines),
         )
     return CorpusConfig(
         seed=seed,
