@@ -530,3 +530,10 @@ def test_domain_targets_name_the_words_engine_from_its_start_to_its_hold() -> No
     for i in range(10):
         d = only[i].domains.numpy()
         assert set(d[d != IGNORE].tolist()) <= {1}  # flite, awb's engine
+
+
+def test_a_run_with_more_engines_renders_and_splits_them():
+    from training.recipes.kws import KWSOptions, corpus_config
+
+    assert set(MORE_ENGINES) <= set(corpus_config(KWSOptions(more_engines=True), 0).engines)
+    assert not set(MORE_ENGINES) & set(corpus_config(KWSOptions(), 0).engines)
