@@ -7,8 +7,8 @@ unseen data than any one of them; `models/speech-commands/MODEL.md` measures it.
 
     python -m training.soup --out runs/kws_soup runs/kws_a runs/kws_b runs/kws_c
 
-Each input is a run directory of `dlr-train` (its `summary.json` and best `model/`). The
-contract, checked before anything is written:
+Each input is a run directory of `dlr-train` (its `summary.json` and best `model/`, or with
+`--checkpoint last` its last step's `last/`). The contract, checked before anything is written:
 - at least two runs, one recipe, one model config (same shapes and task fields);
 - one common starting point: every run was fine-tuned (`--init-from`) from the same weights,
   since weights of independently initialised runs do not average into a working model;
@@ -54,10 +54,11 @@ class Ingredient:
     run: Path
     summary: dict[str, Any]
     header: dict[str, Any]  # the checkpoint's config.json, as `read_header` returns it
+    checkpoint: str = MODEL_DIR  # which of the run's checkpoints: "model" (best) or "last"
 
     @property
     def model_dir(self) -> Path:
-        return self.run / MODEL_DIR
+        return self.run / self.checkpoint
 
     @property
     def init_from(self) -> str:
@@ -68,6 +69,7 @@ class Ingredient:
         s = self.summary
         return {
             "run": str(self.run),
+            "checkpoint": self.checkpoint,
             "command": s.get("command"),
             "steps": s.get("steps"),
             "train_time_s": s.get("train_time_s"),
@@ -76,14 +78,19 @@ class Ingredient:
         }
 
 
-def read_ingredient(run: Path) -> Ingredient:
+CHECKPOINTS = (MODEL_DIR, "last")
+
+
+def read_ingredient(run: Path, checkpoint: str = MODEL_DIR) -> Ingredient:
+    if checkpoint not in CHECKPOINTS:
+        raise SoupError(f"unknown checkpoint {checkpoint!r}; expected one of {CHECKPOINTS}")
     summary_path = run / "summary.json"
     if not summary_path.is_file():
         raise SoupError(f"{run} is not a finished dlr-train run: no summary.json")
-    if not (run / MODEL_DIR / "config.json").is_file():
-        raise SoupError(f"{run} has no {MODEL_DIR}/config.json")
+    if not (run / checkpoint / "config.json").is_file():
+        raise SoupError(f"{run} has no {checkpoint}/config.json")
     try:
-        header = read_header(run / MODEL_DIR)
+        header = read_header(run / checkpoint)
     except CheckpointError as e:
         raise SoupError(f"{run}: {e}") from e
     try:
@@ -92,7 +99,7 @@ def read_ingredient(run: Path) -> Ingredient:
         raise SoupError(f"{summary_path} is not valid JSON: {e}") from e
     if not isinstance(summary, dict) or "recipe" not in summary:
         raise SoupError(f"{summary_path} is not a dlr-train summary (no 'recipe')")
-    return Ingredient(run, summary, header)
+    return Ingredient(run, summary, header, checkpoint)
 
 
 def check_ingredients(items: Sequence[Ingredient], with_start: bool = False) -> None:
@@ -169,11 +176,15 @@ def soup_model(items: Sequence[Ingredient], with_start: bool = False) -> DLRMode
 
 
 def make_soup(
-    runs: Sequence[Path], out: Path, command: str = "", with_start: bool = False
+    runs: Sequence[Path],
+    out: Path,
+    command: str = "",
+    with_start: bool = False,
+    checkpoint: str = MODEL_DIR,
 ) -> dict[str, Any]:
-    """Average `runs` (and, `with_start`, their starting point) into the run directory `out`;
-    returns its summary."""
-    items = [read_ingredient(Path(r)) for r in runs]
+    """Average `runs`' `checkpoint` (and, `with_start`, their starting point) into the run
+    directory `out`; returns its summary."""
+    items = [read_ingredient(Path(r), checkpoint) for r in runs]
     check_ingredients(items, with_start)
     model = soup_model(items, with_start)
     recipe = recipe_from_summary(items[0].summary)
@@ -245,10 +256,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="store_true",
         help="also average in the weights the runs started from (their --init-from directory)",
     )
+    p.add_argument(
+        "--checkpoint",
+        choices=CHECKPOINTS,
+        default=MODEL_DIR,
+        help="each run's best checkpoint (model/) or its last step's (last/)",
+    )
     args = parse_tool_args(p, argv)
     command = tool_command("training.soup", argv)
     try:
-        summary = make_soup(args.runs, args.out, command, args.with_start)
+        summary = make_soup(args.runs, args.out, command, args.with_start, args.checkpoint)
     except SoupError as e:
         p.exit(2, f"error: {e}\n")
     print(json.dumps({"out": str(args.out), "valid": summary.get("valid")}, indent=1))

@@ -71,6 +71,23 @@ def test_soup_of_two_fine_tunes(runs: dict[str, Path], tmp_path: Path) -> None:
     assert y.shape == (1, 2, soup.config.out_dim)
 
 
+def test_soup_of_the_runs_last_steps_with_their_start(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "soup_last"
+    argv = [str(runs["ft_a"]), "--with-start", "--checkpoint", "last", "--out", str(out)]
+    assert soup_main(argv) is None
+    last = load_checkpoint(runs["ft_a"] / "last").state_dict()
+    start = load_checkpoint(runs["base"] / "model").state_dict()
+    soup = load_checkpoint(out / "model").state_dict()
+    for name, t in soup.items():
+        assert torch.allclose(t, (last[name] + start[name]) / 2, atol=1e-6), name
+    summary = json.loads((out / "summary.json").read_text())
+    assert [i["checkpoint"] for i in summary["soup"]["ingredients"]] == ["last"]
+    with pytest.raises(SoupError, match="unknown checkpoint"):
+        read_ingredient(runs["ft_a"], "best")
+
+
 @pytest.mark.parametrize(
     ("which", "message"),
     [
