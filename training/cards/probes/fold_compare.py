@@ -2,7 +2,9 @@
 
 Each ``--arm NAME MODEL_DIR ...`` names a recipe and its fold checkpoints (a run's ``model/`` or
 ``last/``), each already scored by ``dlr-eval speech MODEL_DIR --stream-minutes 0`` (its
-``eval/eval.json``). Prints a Markdown table (commands on clean clips of the unheard engine,
+``eval/eval.json``); ``--arm-json NAME FILE`` reads an arm's figures from a JSON file instead
+(``{"<engine>": [commands, unknown accepted], ...}``, fractions; keys starting "_" are notes), for folds scored in an earlier
+session whose run directories are gone. Prints a Markdown table (commands on clean clips of the unheard engine,
 unknown words accepted in brackets, per fold and their mean) and, with ``--png``, a bar chart of
 the commands per fold and arm.
 
@@ -31,12 +33,18 @@ def fold_scores(model_dir: str) -> tuple[str, float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--arm", nargs="+", action="append", required=True, metavar="NAME DIR")
+    ap.add_argument("--arm", nargs="+", action="append", default=[], metavar="NAME DIR")
+    ap.add_argument("--arm-json", nargs=2, action="append", default=[], metavar=("NAME", "FILE"))
     ap.add_argument("--png", default="")
     args = ap.parse_args()
     arms: dict[str, dict[str, tuple[float, float]]] = {}
+    for name, file in args.arm_json:
+        table = json.loads(Path(file).read_text())  # keys starting "_" are notes
+        arms[name] = {h: (float(v[0]), float(v[1])) for h, v in table.items() if h[0] != "_"}
     for name, *dirs in args.arm:
         arms[name] = {h: (c, u) for h, c, u in map(fold_scores, dirs)}
+    if not arms:
+        ap.error("give at least one --arm or --arm-json")
     folds = sorted({f for scores in arms.values() for f in scores})
     print("| held out | " + " | ".join(arms) + " |")
     print("|---" * (len(arms) + 1) + "|")
