@@ -14,10 +14,11 @@ cd "$(dirname "$0")/.."
 # training/data/engines.py (MORE_ENGINES).
 mbrola_voices="us1 us2 us3 en1 af1 de1 de2 de3 de4 de5 de6 fr1 fr4 gr2 hu1 nl2 pl1 ro1 sw1 sw2"
 nonfree_pkgs="mbrola $(for v in $mbrola_voices; do printf 'mbrola-%s ' "$v"; done)rhvoice rhvoice-english libttspico-utils"
-apt_pkgs="espeak-ng sox chromium chromium-driver docker-compose prometheus docker.io debootstrap haproxy redis-server flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts festvox-ca-ona-hts festvox-czech-dita festvox-czech-krb festvox-czech-machac festvox-czech-ph festvox-suopuhe-lj festvox-suopuhe-mv festvox-italp16k festvox-itapc16k festvox-ru ffmpeg $nonfree_pkgs"
+apt_pkgs="espeak-ng sox chromium chromium-driver docker-compose prometheus docker.io debootstrap haproxy redis-server flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts festvox-ca-ona-hts festvox-czech-dita festvox-czech-krb festvox-czech-machac festvox-czech-ph festvox-suopuhe-lj festvox-suopuhe-mv festvox-italp16k festvox-itapc16k festvox-ru ffmpeg"
 nonfree_list=/etc/apt/sources.list.d/dlr-serve-contrib-non-free.sources
+# (a component named exactly "non-free": a stock "non-free-firmware" does not carry these)
 if command -v apt-get >/dev/null 2>&1 && [ -f /etc/apt/sources.list.d/debian.sources ] \
-  && ! grep -rqs "non-free" /etc/apt/sources.list /etc/apt/sources.list.d/ \
+  && ! grep -rqsE "(^|[[:space:]])non-free([[:space:]]|$)" /etc/apt/sources.list /etc/apt/sources.list.d/ \
   && [ -w /etc/apt/sources.list.d ]; then
   suite=$(. /etc/os-release && echo "$VERSION_CODENAME")
   printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: %s\nComponents: contrib non-free\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' "$suite" > "$nonfree_list"
@@ -29,6 +30,17 @@ if command -v apt-get >/dev/null 2>&1 && [ -n "$missing" ]; then
   apt-get update -qq
   # shellcheck disable=SC2086
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+# The opt-in engines: a machine whose sources lack contrib / non-free still sets up (their
+# tests skip and `--more-engines` names the packages to install).
+missing=""
+for p in $nonfree_pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if command -v apt-get >/dev/null 2>&1 && [ -n "$missing" ]; then
+  echo "[setup] installing Debian contrib / non-free packages:$missing"
+  apt-get update -qq || true
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null \
+    || echo "[setup] warning: could not install$missing (enable Debian's contrib and non-free components); the MBROLA / RHVoice / Pico engines stay unavailable"
 fi
 if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv"

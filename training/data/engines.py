@@ -33,9 +33,10 @@ through ``CorpusConfig.engines`` (:data:`MORE_ENGINES`); each voice is a recorde
   ``-s WPM -p PITCH`` as for espeak-ng. Licence of the diphone databases: free for
   non-commercial, non-military use (see each package's copyright file).
 - **RHVoice** (``rhvoice`` + ``rhvoice-english``): HTS voices, ``RHVoice-test -p VOICE -r RATE
-  -t PITCH`` (percent of the voice's own); alan, bdl, clb and slt are trained on CMU ARCTIC speakers (alan is awb, Alan W
-  Black, the flite voice of that name; slt the flite / festival woman), evgeniy-eng and lyubov
-  on two Russian speakers reading English (CC BY-NC-ND 4.0; the ARCTIC voices LGPL-2.1+).
+  -t PITCH`` (percent of the voice's own); alan, bdl, clb and slt are trained on CMU ARCTIC
+  speakers (alan is awb, Alan W Black, the flite voice of that name; slt the flite / festival
+  woman), evgeniy-eng and lyubov on two Russian speakers reading English (CC BY-NC-ND 4.0;
+  the ARCTIC voices LGPL-2.1+).
 - **SVOX Pico** (``libttspico-utils``, Apache-2.0): ``pico2wave -l en-US|en-GB``, two women;
   rate and pitch through its ``<speed level>`` / ``<pitch level>`` markup.
 
@@ -353,8 +354,8 @@ def espeak_word(word: str, voice: str, speed: int, pitch: int) -> tuple[np.ndarr
 
 def mbrola_word(word: str, voice: str, speed: int, pitch: int) -> tuple[np.ndarray, int]:
     """An MBROLA voice through espeak-ng (``voice`` is espeak-ng's ``mb-*`` name)."""
-    require("mbrola")
-    return espeak_synthesize(word, voice, speed, pitch)
+    require("mbrola")  # espeak-ng alone would fail on an mb-* voice with a vaguer message
+    return espeak_word(word, voice, speed, pitch)
 
 
 def rhvoice_synthesize(
