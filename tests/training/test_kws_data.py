@@ -19,6 +19,7 @@ from training.data.corpus import (
     voice_items,
 )
 from training.data.engines import (
+    EVAL_ONLY_SPEAKERS,
     FESTIVAL_ACCENTED,
     FESTIVAL_VOICES,
     FLITE_VOICES,
@@ -131,6 +132,19 @@ def test_more_engines_are_opt_in_and_their_shared_speakers_stay_together():
     fl_out = split_voices(voices, "loso-flite")
     assert {"rhvoice:alan", "rhvoice:slt"}.isdisjoint(v.key for v in fl_out["train"])
     assert "rhvoice:clb" in {v.key for v in fl_out["train"] + fl_out["valid"] + fl_out["test"]}
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_licence_restricted_voices_are_never_trained_on(preset):
+    voices = all_tts_voices(MORE)
+    restricted = {v.key for v in voices if v.speaker in EVAL_ONLY_SPEAKERS}
+    assert restricted == {"rhvoice:evgeniy-eng", "rhvoice:lyubov"}
+    split = split_voices(voices, preset)
+    assert restricted.isdisjoint(v.key for v in split["train"] + split["valid"])
+    if preset in ("final", "loso-rhvoice"):
+        assert restricted <= {v.key for v in split["test"]}
+    else:
+        assert restricted.isdisjoint(v.key for v in split["test"])
 
 
 def test_more_engines_sample_unknown_words_and_draw_rates_from_the_seed():

@@ -30,13 +30,17 @@ through ``CorpusConfig.engines`` (:data:`MORE_ENGINES`); each voice is a recorde
   ``mb-us1/2/3`` (American English) and ``mb-en1`` (British), and sixteen voices of other
   languages that espeak-ng maps English phonemes onto (``mb-de3-en``: a German woman reading
   English), so English text goes in and accented English comes out, with no respelling.
-  ``-s WPM -p PITCH`` as for espeak-ng. Licence of the diphone databases: free for
-  non-commercial, non-military use (see each package's copyright file).
+  ``-s WPM -p PITCH`` as for espeak-ng. Licence of the diphone databases (each package's
+  copyright file): using them to synthesize speech with the MBROLA program is allowed; what
+  they restrict is distributing the *database* (not for sale, not inside a product that is
+  sold) and, for ``de4``, military use of it. We synthesize with them and distribute neither.
 - **RHVoice** (``rhvoice`` + ``rhvoice-english``): HTS voices, ``RHVoice-test -p VOICE -r RATE
   -t PITCH`` (percent of the voice's own); alan, bdl, clb and slt are trained on CMU ARCTIC
   speakers (alan is awb, Alan W Black, the flite voice of that name; slt the flite / festival
   woman), evgeniy-eng and lyubov on two Russian speakers reading English (CC BY-NC-ND 4.0;
-  the ARCTIC voices LGPL-2.1+).
+  the ARCTIC voices LGPL-2.1+). A model trained on the two CC BY-NC-ND voices could not ship
+  under this project's Apache-2.0 without a question, so they are test voices only
+  (:data:`EVAL_ONLY_SPEAKERS`): no split preset trains on them.
 - **SVOX Pico** (``libttspico-utils``, Apache-2.0): ``pico2wave -l en-US|en-GB``, two women;
   rate and pitch through its ``<speed level>`` / ``<pitch level>`` markup.
 
@@ -189,6 +193,10 @@ RHVOICE_VOICES: tuple[TTSVoice, ...] = (
     TTSVoice("rhvoice", "evgeniy-eng", "rh-evgeniy"),
     TTSVoice("rhvoice", "lyubov", "rh-lyubov"),  # woman
 )
+
+#: Speakers whose voice licence (CC BY-NC-ND 4.0) keeps them out of training: every split
+#: preset tests on them or drops them, never trains on them (``splits.py``).
+EVAL_ONLY_SPEAKERS = frozenset({"rh-evgeniy", "rh-lyubov"})
 
 #: SVOX Pico's English voices (Debian libttspico-utils): two women.
 PICO_VOICES: tuple[TTSVoice, ...] = (

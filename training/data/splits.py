@@ -13,11 +13,14 @@ training (through any engine) is never in valid or test of the same preset:
   mixes, the remaining espeak variants). In a corpus with the opt-in engines (``engines.py``
   ``MORE_ENGINES``) also: test = MBROLA's ``mb-us1`` (an American woman) and ``mb-hu1`` (a
   Hungarian woman reading English), RHVoice's ``clb`` (an American woman) and ``alan`` (awb),
-  Pico's ``en-GB`` (a woman); valid = MBROLA's ``mb-us3`` and RHVoice's ``bdl`` (men).
+  Pico's ``en-GB`` (a woman); valid = MBROLA's ``mb-us3`` and RHVoice's ``bdl`` (men). The
+  two RHVoice voices whose licence keeps them out of training (``EVAL_ONLY_SPEAKERS``:
+  evgeniy-eng, lyubov) are test voices too.
 - ``loso-<engine>`` (leave one synthesizer out): test = every voice of ``<engine>``; train =
   every other engine's voices whose speaker is not also a test speaker (so ``loso-flite``
   drops festival's kal and slt, ``loso-festival`` drops flite's kal, kal16 and slt); valid =
-  the ``final`` valid voices that are neither test nor sharing a speaker with it.
+  the ``final`` valid voices that are neither test nor sharing a speaker with it. An
+  eval-only voice is tested when its engine is held out and dropped otherwise.
 
 The espeak speakers of valid/test are drawn from the seed within each variant family.
 """
@@ -28,7 +31,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from training.data.engines import TTSVoice
+from training.data.engines import EVAL_ONLY_SPEAKERS, TTSVoice
 
 PRESETS = (
     "final",
@@ -82,7 +85,7 @@ def split_voices(
         raise ValueError(f"unknown split preset {preset!r}; expected one of {PRESETS}")
     e_valid, e_test = _espeak_picks([v.speaker for v in voices if v.engine == "espeak"], seed)
     valid_spk = FINAL_VALID | e_valid
-    test_spk = FINAL_TEST | e_test
+    test_spk = FINAL_TEST | EVAL_ONLY_SPEAKERS | e_test
     out: dict[str, list[TTSVoice]] = {"train": [], "valid": [], "test": []}
     if preset == "final":
         for v in voices:
@@ -96,8 +99,8 @@ def split_voices(
     for v in voices:
         if v.engine == held:
             out["test"].append(v)
-        elif v.speaker in test_speakers:
-            continue  # same person as a test voice, through another engine
+        elif v.speaker in test_speakers or v.speaker in EVAL_ONLY_SPEAKERS:
+            continue  # same person as a test voice through another engine, or eval-only
         elif v.speaker in valid_spk:
             out["valid"].append(v)
         else:
