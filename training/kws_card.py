@@ -143,12 +143,13 @@ def route(run: Path) -> list[dict[str, Any]]:
     return chain
 
 
-def loso_records(loso: list[Path]) -> list[FoldRecord]:
-    """One record per fold run directory (its eval.json, and the summary.json of it and of
-    the runs it was fine-tuned from)."""
+def loso_records(loso: list[Path], checkpoint: str = "model") -> list[FoldRecord]:
+    """One record per fold run directory (the eval.json of its ``checkpoint``, ``model`` =
+    the kept one or ``last``, and the summary.json of it and of the runs it was fine-tuned
+    from)."""
     out = []
     for run in loso:
-        ev = json.loads((run / "model" / "eval" / "eval.json").read_text())
+        ev = json.loads((run / checkpoint / "eval" / "eval.json").read_text())
         chain = route(run)
         out.append(
             FoldRecord(
@@ -499,6 +500,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     p.add_argument("--save-loso", type=Path, default=None, help="write the --loso records here")
     p.add_argument(
+        "--loso-checkpoint",
+        choices=("model", "last"),
+        default="model",
+        help="which checkpoint of each --loso run was evaluated: the kept one or the last step",
+    )
+    p.add_argument(
         "--eval-command", default="dlr-eval speech runs/kws_final/model --write-operating-point"
     )
     p.add_argument(
@@ -527,8 +534,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         loso = load_folds(args.loso_table)
         loso_args = f" --loso-table {args.loso_table}"
     else:
-        loso = loso_records(args.loso)
+        loso = loso_records(args.loso, args.loso_checkpoint)
         loso_args = (" --loso " + " ".join(map(str, args.loso))) if args.loso else ""
+        if args.loso and args.loso_checkpoint != "model":
+            loso_args += f" --loso-checkpoint {args.loso_checkpoint}"
     if args.save_loso:
         save_folds(loso, args.save_loso)
     if args.commands:

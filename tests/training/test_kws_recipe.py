@@ -224,6 +224,14 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     (rec,) = loso_records([soup])
     assert rec.steps == 2 + 2 + 4 and [s["steps"] for s in route(soup)] == [4, 4]
     assert f"--loso-table {folds}" in text2
+    # a fold scored at its last step: the record reads that checkpoint's evaluation
+    assert quick_eval(out / "last", tmp_path / "cache", clips=8, silence=4) == 0
+    (at_last,) = loso_records([out], "last")
+    last_eval = json.loads((out / "last" / "eval" / "eval.json").read_text())
+    assert at_last.clean_commands == last_eval["clean"]["command_accuracy"]
+    card_main([str(soup), str(tmp_path / "soup-card-3"), "--loso", str(out),
+               "--loso-checkpoint", "last"])  # fmt: skip
+    assert "--loso-checkpoint last" in (tmp_path / "soup-card-3" / "MODEL.md").read_text()
 
     # rejection calibration of the average: the chosen bias is on the _unknown_ logit only,
     # the recipe's results (streaming exactness included) are the calibrated model's
