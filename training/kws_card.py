@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from dlr_runtime import read_header
-from training.data.engines import FESTIVAL_ACCENTED
+from training.data.engines import (
+    EVAL_ONLY_SPEAKERS,
+    FESTIVAL_ACCENTED,
+    MBROLA_VOICES,
+    MORE_ENGINES,
+    PICO_VOICES,
+    RHVOICE_VOICES,
+)
 from training.data.neural_tts import (
     KOKORO_ACCENTED,
     KOKORO_BASE,
@@ -281,6 +288,22 @@ def card(
                 else ""
             )
             + "."
+        )
+    n_more = sum(bool(o.get("more_engines")) for o in runs_opts)
+    if n_more:
+        held = [v for v in ev["test_voices"] if v.split(":")[0] in MORE_ENGINES]
+        extras.append(
+            "Three more engines (`training/data/engines.py`, `--more-engines`"
+            + (f", in {n_more} of the {len(runs_opts)} runs averaged" if len(runs_opts) > 1 else "")
+            + f"), from Debian's contrib / non-free components: MBROLA ({len(MBROLA_VOICES)} "
+            "recorded speakers through espeak-ng's `mb-*` voices, sixteen of them reading English "
+            f"with the accent of their language), RHVoice ({len(RHVOICE_VOICES)} English voices; "
+            "alan is awb's and slt the ARCTIC woman's speaker) and SVOX Pico "
+            f"({len(PICO_VOICES)} women). Their test voices: "
+            + ", ".join(f"`{v}`" for v in held)
+            + "; "
+            + " and ".join(f"`{s}`" for s in sorted(EVAL_ONLY_SPEAKERS))
+            + " are test-only in every split (a CC BY-NC-ND 4.0 licence; `EVAL_ONLY_SPEAKERS`)."
         )
     for flag, what in (
         ("kokoro_extra", f"{len(KOKORO_EXTRA_BLENDS)} more mixes of the Kokoro training speakers"),
