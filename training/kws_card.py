@@ -189,8 +189,9 @@ def loso_section(records: list[FoldRecord]) -> str:
     return f"""Runs of the same architecture ({"; ".join(r.run for r in records)}; their training
 from scratch in the last rows), each trained without one engine *and* without every speaker
 that engine shares (festival kal/slt when flite is held out, flite kal/kal16/slt when festival
-is held out), tested on all voices of that engine (for festival: its English and its accented
-voices; for kokoro: its five voices and the mixes):
+is held out; RHVoice's alan and slt go with flite's awb and slt), tested on all voices of that
+engine (for festival: its English and its accented voices; for kokoro: its five voices and the
+mixes):
 
 {_loso_rows(records)}"""
 

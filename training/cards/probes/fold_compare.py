@@ -66,7 +66,7 @@ def main() -> None:
                 cells.append("-")
         print(f"| {f} | " + " | ".join(cells) + " |")
     if args.png:
-        fig, ax = plt.subplots(figsize=(7, 3.6))
+        fig, ax = plt.subplots(figsize=(max(7, 1.1 * len(folds)), 3.6))
         width = 0.8 / len(arms)
         for k, (name, scores) in enumerate(arms.items()):
             xs = [i + (k - (len(arms) - 1) / 2) * width for i, f in enumerate(folds) if f in scores]
