@@ -301,7 +301,7 @@ def card(
             f"with the accent of their language), RHVoice ({len(RHVOICE_VOICES)} English voices; "
             "alan is awb's and slt the ARCTIC woman's speaker) and SVOX Pico "
             f"({len(PICO_VOICES)} women). Their test voices: "
-            + ", ".join(f"`{v}`" for v in held)
+            + (", ".join(f"`{v}`" for v in held) or "none in this evaluation")
             + "; "
             + " and ".join(f"`{s}`" for s in sorted(EVAL_ONLY_SPEAKERS))
             + " are test-only in every split (a CC BY-NC-ND 4.0 licence; `EVAL_ONLY_SPEAKERS`)."

@@ -232,6 +232,17 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     card_main([str(soup), str(tmp_path / "soup-card-3"), "--loso", str(out),
                "--loso-checkpoint", "last"])  # fmt: skip
     assert "--loso-checkpoint last" in (tmp_path / "soup-card-3" / "MODEL.md").read_text()
+    # an ingredient trained with the opt-in engines: the card's Data says so
+    soup_summary = json.loads((soup / "summary.json").read_text())
+    soup_summary["soup"]["ingredients"][0]["recipe_options"]["kws"]["more_engines"] = True
+    (soup / "summary.json").write_text(json.dumps(soup_summary))
+    card_main([str(soup), str(tmp_path / "soup-card-4")])
+    text4 = (tmp_path / "soup-card-4" / "MODEL.md").read_text()
+    assert (
+        "Three more engines (`training/data/engines.py`, `--more-engines`, in 1 of the 2" in text4
+    )
+    assert "`rh-evgeniy` and `rh-lyubov` are test-only" in text4
+    assert "Three more engines" not in text
 
     # rejection calibration of the average: the chosen bias is on the _unknown_ logit only,
     # the recipe's results (streaming exactness included) are the calibrated model's
