@@ -42,6 +42,7 @@ from training.data.rooms import RoomConfig
 from training.data.sc12 import WindowConfig
 from training.data.vocab import unknown_words
 from training.model_card import _config_table, _copy, _state_bytes, _training_section
+from training.trainer import CHECKPOINTS, MODEL_DIR
 
 GOAL_CLIP = 0.95
 GOAL_REJECT = 0.02
@@ -150,7 +151,7 @@ def route(run: Path) -> list[dict[str, Any]]:
     return chain
 
 
-def loso_records(loso: list[Path], checkpoint: str = "model") -> list[FoldRecord]:
+def loso_records(loso: list[Path], checkpoint: str = MODEL_DIR) -> list[FoldRecord]:
     """One record per fold run directory (the eval.json of its ``checkpoint``, ``model`` =
     the kept one or ``last``, and the summary.json of it and of the runs it was fine-tuned
     from)."""
@@ -454,7 +455,7 @@ warped 0.85-1.18) in the front end.{extras_md}
 ## Commands
 
 ```
-python -m training.data.corpus --cache-dir runs/sc12cache --workers 2
+python -m training.data.corpus --cache-dir runs/sc12cache --workers 2{" --more-engines" if n_more else ""}
 {summary.get("command") or "(not recorded)"}
 {eval_cmd}{chr(10) + loso_cmd if loso_cmd else ""}
 python -m training.kws_card {run} {dest}{loso_args}{card_args}
@@ -525,8 +526,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--save-loso", type=Path, default=None, help="write the --loso records here")
     p.add_argument(
         "--loso-checkpoint",
-        choices=("model", "last"),
-        default="model",
+        choices=CHECKPOINTS,
+        default=MODEL_DIR,
         help="which checkpoint of each --loso run was evaluated: the kept one or the last step",
     )
     p.add_argument(
@@ -560,7 +561,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         loso = loso_records(args.loso, args.loso_checkpoint)
         loso_args = (" --loso " + " ".join(map(str, args.loso))) if args.loso else ""
-        if args.loso and args.loso_checkpoint != "model":
+        if args.loso and args.loso_checkpoint != MODEL_DIR:
             loso_args += f" --loso-checkpoint {args.loso_checkpoint}"
     if args.save_loso:
         save_folds(loso, args.save_loso)

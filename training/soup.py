@@ -40,7 +40,7 @@ import torch
 from dlr_runtime import CheckpointError, DLRModel, load_checkpoint, read_header
 from training.cli import parse_tool_args, recipe_from_summary, tool_command, tool_parser
 from training.metrics import write_csv
-from training.trainer import MODEL_DIR, hardware
+from training.trainer import CHECKPOINTS, MODEL_DIR, hardware
 
 
 class SoupError(ValueError):
@@ -76,9 +76,6 @@ class Ingredient:
             "best_valid": s.get("best_valid"),
             "recipe_options": s.get("recipe_options"),
         }
-
-
-CHECKPOINTS = (MODEL_DIR, "last")
 
 
 def read_ingredient(run: Path, checkpoint: str = MODEL_DIR) -> Ingredient:

@@ -48,6 +48,7 @@ from .state import Progress, has_train_state, load_train_state, save_train_state
 
 MODEL_DIR = "model"
 LAST_DIR = "last"
+CHECKPOINTS = (MODEL_DIR, LAST_DIR)  # a run's checkpoint directories: the kept one, the last step
 AUX_FILE = "auxiliary.safetensors"  # in last/: the recipe's auxiliary modules
 
 

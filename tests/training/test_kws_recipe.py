@@ -242,6 +242,7 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
         "Three more engines (`training/data/engines.py`, `--more-engines`, in 1 of the 2" in text4
     )
     assert "`rh-evgeniy` and `rh-lyubov` are test-only" in text4
+    assert "--workers 2 --more-engines" in text4 and "--workers 2 --more-engines" not in text
     assert "Three more engines" not in text
 
     # rejection calibration of the average: the chosen bias is on the _unknown_ logit only,
