@@ -14,7 +14,7 @@ the server's utterance mode returns. Test voices are never used.
 The output is a run directory like the input's (the calibrated checkpoint in `model/`, a
 `summary.json` whose results are recomputed on it plus "calibration": the chosen bias, the
 target and the valid figures before and after, the input's curves), ready for `dlr-eval` and
-`kws_card`. The operating point must be chosen again (`dlr-eval speech --write-operating-point`).
+`kws_card`; `calibration.png` plots the valid sweep. The operating point must be chosen again (`dlr-eval speech --write-operating-point`).
 """
 
 from __future__ import annotations
@@ -77,6 +77,37 @@ def choose(points: Sequence[ValidPoint], target: float) -> ValidPoint:
     )
 
 
+def plot_sweep(points: Sequence[ValidPoint], chosen: ValidPoint, target: float, path: Path) -> None:
+    """The valid trade-off as a PNG: commands kept against non-command clips accepted, one
+    point per bias, the target and the chosen bias marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    fa = [100 * p.false_accept for p in points]
+    ca = [100 * p.command_accuracy for p in points]
+    ax.plot(fa, ca, marker=".", lw=1, label="valid clips, one point per bias")
+    ax.axvline(100 * target, color="grey", ls="--", lw=1, label=f"target {100 * target:g} %")
+    ax.plot(
+        [100 * chosen.false_accept], [100 * chosen.command_accuracy], "o", color="C3",
+        label=f"chosen: bias {chosen.unknown_bias:g}",
+    )  # fmt: skip
+    ax.plot(
+        [100 * points[0].false_accept], [100 * points[0].command_accuracy], "s", color="C2",
+        label="no bias",
+    )  # fmt: skip
+    ax.set_xlabel("non-command clips accepted as a command (%)")
+    ax.set_ylabel("commands given their label (%)")
+    ax.set_title("_unknown_ bias: rejection vs commands (valid clips)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def with_unknown_bias(model: DLRModel, bias: float) -> DLRModel:
     """`model` with `bias` added to its `_unknown_` logit (in place; returned)."""
     with torch.no_grad():
@@ -117,6 +148,7 @@ def calibrate(run: Path, out: Path, target: float, command: str = "") -> dict[st
     }
     recipe.save_model(model, out / MODEL_DIR, new)
     (out / "summary.json").write_text(json.dumps(new, indent=1, default=str))
+    plot_sweep(points, chosen, target, out / "calibration.png")
     for name in ("curves.png", "metrics.csv"):
         if (run / name).is_file():
             shutil.copy2(run / name, out / name)

@@ -9,7 +9,7 @@ import torch
 from dlr_runtime import DLRConfig, DLRModel, to_recurrent
 from training.data.sc12 import SIL, UNK
 from training.data.vocab import SC12_LABELS
-from training.kws_calibrate import choose, sweep, with_unknown_bias
+from training.kws_calibrate import choose, plot_sweep, sweep, with_unknown_bias
 
 
 def scores_and_labels() -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,6 +34,14 @@ def test_sweep_and_choose_the_smallest_bias_within_the_target() -> None:
     assert choose(points, 1.0).unknown_bias == 0.0
     with pytest.raises(ValueError, match="no bias up to 0.5"):
         choose(points[:2], 0.1)
+
+
+def test_the_sweep_is_plotted(tmp_path) -> None:
+    s, labels = scores_and_labels()
+    points = sweep(s, labels, [0.0, 0.5, 1.0, 1.5])
+    path = tmp_path / "calibration.png"
+    plot_sweep(points, choose(points, 0.3), 0.3, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_the_calibrated_classifier_streams_exactly() -> None:

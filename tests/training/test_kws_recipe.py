@@ -252,6 +252,7 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     summary = json.loads((cal / "summary.json").read_text())
     chosen = summary["calibration"]["chosen"]
     assert chosen["false_accept"] <= 0.5 and summary["command"].endswith(f"--out {cal}")
+    assert (cal / "calibration.png").read_bytes()[:4] == b"\x89PNG"
     for form in ("complex64", "complex128"):
         assert summary["streaming"][form]["final_prediction_agreement"] == 1.0
     src = load_checkpoint(soup / "model").state_dict()
