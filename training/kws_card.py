@@ -19,7 +19,6 @@ import argparse
 import json
 import shutil
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,17 +40,14 @@ from training.data.neural_tts import (
 from training.data.rooms import RoomConfig
 from training.data.sc12 import WindowConfig
 from training.data.vocab import unknown_words
-from training.model_card import _config_table, _copy, _state_bytes, _training_section
+from training.kws_folds import FoldRecord, load_folds, loso_records, loso_section, save_folds
+from training.model_card import _config_table, _copy, _state_bytes, _training_section, pct
 from training.trainer import CHECKPOINTS, MODEL_DIR
 
 GOAL_CLIP = 0.95
 GOAL_REJECT = 0.02
 GOAL_RECALL = 0.95
 GOAL_FA = 0.5
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f} %"
 
 
 def _goal(ok: bool, miss: str) -> str:
@@ -66,12 +62,12 @@ def _engine_table(ev: dict[str, Any]) -> str:
     for e in sorted(ev["clean"]["per_engine"]):
         c, a = ev["clean"]["per_engine"][e], ev["augmented"]["per_engine"][e]
         rows.append(
-            f"| {e} | {_pct(c['command_accuracy'])} | {_pct(a['command_accuracy'])} | "
-            f"{_pct(c['unknown_accepted'])} | {c['clips']} |"
+            f"| {e} | {pct(c['command_accuracy'])} | {pct(a['command_accuracy'])} | "
+            f"{pct(c['unknown_accepted'])} | {c['clips']} |"
         )
     rows.append(
-        f"| **all** | **{_pct(ev['clean']['command_accuracy'])}** | "
-        f"**{_pct(ev['augmented']['command_accuracy'])}** | {_pct(ev['clean']['unknown_accepted'])} | "
+        f"| **all** | **{pct(ev['clean']['command_accuracy'])}** | "
+        f"**{pct(ev['augmented']['command_accuracy'])}** | {pct(ev['clean']['unknown_accepted'])} | "
         f"{ev['clean']['clips']} |"
     )
     return "\n".join(rows)
@@ -83,8 +79,8 @@ def _voice_table(ev: dict[str, Any]) -> str:
     for v in sorted(ev["clean"]["per_voice"]):
         c, a = ev["clean"]["per_voice"][v], ev["augmented"]["per_voice"][v]
         rows.append(
-            f"| {v} | {_pct(c['command_accuracy'])} | {_pct(a['command_accuracy'])} | "
-            f"{_pct(c['unknown_accepted'])} |"
+            f"| {v} | {pct(c['command_accuracy'])} | {pct(a['command_accuracy'])} | "
+            f"{pct(c['unknown_accepted'])} |"
         )
     return "\n".join(rows)
 
@@ -108,7 +104,7 @@ def _stream_table(ev: dict[str, Any]) -> str:
     for name in ("valid", "test"):
         p = st[f"{name}_at_operating_point"]
         rows.append(
-            f"| {name} | {p['hours']:.2f} | {p['commands']} | {p['threshold']} | {_pct(p['recall'])} | "
+            f"| {name} | {p['hours']:.2f} | {p['commands']} | {p['threshold']} | {pct(p['recall'])} | "
             f"{p['fa_per_hour']:.2f} | {p['delay_median_s']:.2f} s | {p['delay_p90_s']:.2f} s |"
         )
     rows.append("")
@@ -117,148 +113,21 @@ def _stream_table(ev: dict[str, Any]) -> str:
     rows.append("| threshold | recall | false accepts / h |")
     rows.append("|---:|---:|---:|")
     for p in st["test"]["curve"]:
-        rows.append(f"| {p['threshold']} | {_pct(p['recall'])} | {p['fa_per_hour']:.2f} |")
+        rows.append(f"| {p['threshold']} | {pct(p['recall'])} | {p['fa_per_hour']:.2f} |")
     return "\n".join(rows)
 
 
-@dataclass(frozen=True)
-class FoldRecord:
-    """What the card shows of one leave-one-synthesizer-out fold run."""
-
-    run: str  # the fold's run directory name
-    engine: str  # the engine held out
-    clean_commands: float  # its commands on clean clips given their label
-    augmented_commands: float
-    unknown_accepted: float  # its clean unknown-word clips called a command
-    silence_accepted: float  # word-less windows called a command
-    steps: int  # from scratch: its own and those of the runs it was fine-tuned from
-    train_minutes: float  # the same, in training minutes
-    test_voices: int
+def _runs_options(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The kws options of each run in the model: a weight average's ingredients, else the run."""
+    ingredients = summary.get("soup", {}).get("ingredients", [])
+    return [i["recipe_options"]["kws"] for i in ingredients] or [summary["recipe_options"]["kws"]]
 
 
-def route(run: Path) -> list[dict[str, Any]]:
-    """The summaries of `run` and of the runs it descends from (`--init-from`, or the start of
-    a weight average), newest first; the chain ends at a start that is not a run directory."""
-    chain: list[dict[str, Any]] = []
-    seen: set[Path] = set()
-    at: Path | None = run
-    while at is not None and (at / "summary.json").is_file() and at.resolve() not in seen:
-        seen.add(at.resolve())
-        summ = json.loads((at / "summary.json").read_text())
-        chain.append(summ)
-        start = summ.get("train", {}).get("init_from")
-        at = Path(start).parent if start else None
-    return chain
-
-
-def loso_records(loso: list[Path], checkpoint: str = MODEL_DIR) -> list[FoldRecord]:
-    """One record per fold run directory (the eval.json of its ``checkpoint``, ``model`` =
-    the kept one or ``last``, and the summary.json of it and of the runs it was fine-tuned
-    from)."""
-    out = []
-    for run in loso:
-        ev = json.loads((run / checkpoint / "eval" / "eval.json").read_text())
-        chain = route(run)
-        out.append(
-            FoldRecord(
-                run=run.name,
-                engine=ev["split"].removeprefix("loso-"),
-                clean_commands=ev["clean"]["command_accuracy"],
-                augmented_commands=ev["augmented"]["command_accuracy"],
-                unknown_accepted=ev["clean"]["unknown_accepted"],
-                silence_accepted=ev["silence"]["accepted_argmax"],
-                steps=sum(int(c["steps"]) for c in chain),
-                train_minutes=sum(float(c["train_time_s"]) for c in chain) / 60,
-                test_voices=len(ev["test_voices"]),
-            )
-        )
-    return out
-
-
-def save_folds(records: list[FoldRecord], path: Path) -> None:
-    path.write_text(json.dumps({"folds": [asdict(r) for r in records]}, indent=1) + "\n")
-
-
-def load_folds(path: Path) -> list[FoldRecord]:
-    return [FoldRecord(**f) for f in json.loads(path.read_text())["folds"]]
-
-
-def loso_section(records: list[FoldRecord]) -> str:
-    """The body of the card's section "Leave one synthesizer out"."""
-    if not records:
-        return "(not run)"
-    return f"""Runs of the same architecture ({"; ".join(r.run for r in records)}; their training
-from scratch in the last rows), each trained without one engine *and* without every speaker
-that engine shares (festival kal/slt when flite is held out, flite kal/kal16/slt when festival
-is held out; RHVoice's alan and slt go with flite's awb and slt), tested on all voices of that
-engine (for festival: its English and its accented voices; for kokoro: its five voices and the
-mixes):
-
-{_loso_rows(records)}"""
-
-
-def _loso_rows(records: list[FoldRecord]) -> str:
-    head = (
-        "| | "
-        + " | ".join(f"train without **{r.engine}**, test on {r.engine}" for r in records)
-        + " |"
-    )
-    lines = [head, "|---" * (len(records) + 1) + "|"]
-    rows = [
-        ("commands, clean clips", [r.clean_commands for r in records]),
-        ("commands, augmented clips", [r.augmented_commands for r in records]),
-        ("unknown accepted (clean)", [r.unknown_accepted for r in records]),
-        ("silence accepted", [r.silence_accepted for r in records]),
-    ]
-    for title, values in rows:
-        lines.append(f"| {title} | " + " | ".join(_pct(v) for v in values) + " |")
-    lines.append(
-        "| training steps from scratch (minutes) | "
-        + " | ".join(f"{r.steps} ({r.train_minutes:.0f})" for r in records)
-        + " |"
-    )
-    lines.append("| test voices | " + " | ".join(str(r.test_voices) for r in records) + " |")
-    return "\n".join(lines)
-
-
-def card(
-    run: Path,
-    dest: Path,
-    loso: list[FoldRecord],
-    eval_cmd: str,
-    loso_cmd: str,
-    notes: str = "",
-    notes_path: Path | None = None,
-    commands_path: Path | None = None,
-    loso_args: str = "",
-) -> str:
-    card_args = f" --notes {notes_path}" if notes_path else ""
-    card_args += f" --commands {commands_path}" if commands_path else ""
-    summary = json.loads((run / "summary.json").read_text())
-    header = read_header(dest)
-    cfg = header["config"]
-    ev = json.loads((dest / "eval" / "eval.json").read_text())
-    sb = _state_bytes(dest)
-    point = header["metadata"].get("detection", {})
-    kw = point.get("keywords") or {}
-    per_command = (
-        " (per command: " + ", ".join(f"{c} {t:g}" for c, t in kw.items()) + ")" if kw else ""
-    )
-    chosen_by = (
-        "per command (`training/operating_point.py`) for the most commands detected at"
-        if ev.get("streams", {}).get("rule") == "per_command"
-        else "as the lowest threshold with"
-    )
-    windows = list(ev.get("streams", {}).get("smoothing", {}))
-    if len(windows) > 1:
-        chosen_by = (
-            f"among smoothing windows of {', '.join(windows)} ms (each at its lowest threshold "
-            "within the target) as the one that detects the most valid commands, with"
-        )
-    sizes = summary["sizes"]
+def _data_extras(summary: dict[str, Any], ev: dict[str, Any]) -> str:
+    """The Data section's paragraphs on what the model's runs added to the base recipe
+    (codecs, morphs, word mix, more engines and voices, SpecAugment, calibration)."""
     kws_opts = summary["recipe_options"]["kws"]
-    runs_opts = [i["recipe_options"]["kws"] for i in summary.get("soup", {}).get("ingredients", [])]
-    runs_opts = runs_opts or [kws_opts]
+    runs_opts = _runs_options(summary)
     morphs = sorted({o.get("morphs", 0) for o in runs_opts} - {0})
     masked = [o for o in runs_opts if o.get("freq_masks") or o.get("time_masks")]
     extras = []
@@ -341,12 +210,15 @@ def card(
         extras.append(
             f"Rejection calibration (`training/kws_calibrate.py`): {chosen['unknown_bias']:g} added "
             "to the `_unknown_` logit, the smallest bias whose valid clips accept at most "
-            f"{_pct(cal['false_accept_target'])} of the non-command clips as a command "
-            f"(valid: {_pct(before['false_accept'])} -> {_pct(chosen['false_accept'])} accepted, "
-            f"commands {_pct(before['command_accuracy'])} -> {_pct(chosen['command_accuracy'])})."
+            f"{pct(cal['false_accept_target'])} of the non-command clips as a command "
+            f"(valid: {pct(before['false_accept'])} -> {pct(chosen['false_accept'])} accepted, "
+            f"commands {pct(before['command_accuracy'])} -> {pct(chosen['command_accuracy'])})."
         )
-    extras_md = ("\n\n" + "\n\n".join(extras)) if extras else ""
-    s64, s128 = summary["streaming"]["complex64"], summary["streaming"]["complex128"]
+    return ("\n\n" + "\n\n".join(extras)) if extras else ""
+
+
+def _goals(ev: dict[str, Any], loso: list[FoldRecord]) -> str:
+    """The rows of the card's Goals table: each goal, met or missed by how much."""
     worst_engine = min(ev["clean"]["per_engine"].items(), key=lambda kv: kv[1]["command_accuracy"])
     reject = max(ev["clean"]["unknown_accepted"], ev["silence"]["accepted_argmax"])
     at = ev["streams"]["test_at_operating_point"]
@@ -354,16 +226,57 @@ def card(
     goals = [
         ("clip accuracy >= 95 % on held-out voices of every synthesizer (clean)",
          _goal(worst_engine[1]["command_accuracy"] >= GOAL_CLIP,
-               f"worst: {worst_engine[0]} {_pct(worst_engine[1]['command_accuracy'])}")),
+               f"worst: {worst_engine[0]} {pct(worst_engine[1]['command_accuracy'])}")),
         ("clip accuracy >= 95 % in every leave-one-synthesizer-out column",
-         "not run" if lw is None else _goal(lw[1] >= GOAL_CLIP, f"worst: without {lw[0]} {_pct(lw[1])}")),
+         "not run" if lw is None else _goal(lw[1] >= GOAL_CLIP, f"worst: without {lw[0]} {pct(lw[1])}")),
         ("<= 2 % of unknown / silence clips accepted as a command",
-         _goal(reject <= GOAL_REJECT, f"unknown {_pct(ev['clean']['unknown_accepted'])}, silence {_pct(ev['silence']['accepted_argmax'])}")),
+         _goal(reject <= GOAL_REJECT, f"unknown {pct(ev['clean']['unknown_accepted'])}, silence {pct(ev['silence']['accepted_argmax'])}")),
         (">= 95 % recall at <= 0.5 false accepts per hour (test streams)",
          _goal(at["recall"] >= GOAL_RECALL and at["fa_per_hour"] <= GOAL_FA,
-               f"{_pct(at['recall'])} recall at {at['fa_per_hour']:.2f} FA/h")),
+               f"{pct(at['recall'])} recall at {at['fa_per_hour']:.2f} FA/h")),
     ]  # fmt: skip
-    goal_md = "\n".join(f"| {g} | {r} |" for g, r in goals)
+    return "\n".join(f"| {g} | {r} |" for g, r in goals)
+
+
+def card(
+    run: Path,
+    dest: Path,
+    loso: list[FoldRecord],
+    eval_cmd: str,
+    loso_cmd: str,
+    notes: str = "",
+    notes_path: Path | None = None,
+    commands_path: Path | None = None,
+    loso_args: str = "",
+) -> str:
+    card_args = f" --notes {notes_path}" if notes_path else ""
+    card_args += f" --commands {commands_path}" if commands_path else ""
+    summary = json.loads((run / "summary.json").read_text())
+    header = read_header(dest)
+    cfg = header["config"]
+    ev = json.loads((dest / "eval" / "eval.json").read_text())
+    sb = _state_bytes(dest)
+    point = header["metadata"].get("detection", {})
+    kw = point.get("keywords") or {}
+    per_command = (
+        " (per command: " + ", ".join(f"{c} {t:g}" for c, t in kw.items()) + ")" if kw else ""
+    )
+    chosen_by = (
+        "per command (`training/operating_point.py`) for the most commands detected at"
+        if ev.get("streams", {}).get("rule") == "per_command"
+        else "as the lowest threshold with"
+    )
+    windows = list(ev.get("streams", {}).get("smoothing", {}))
+    if len(windows) > 1:
+        chosen_by = (
+            f"among smoothing windows of {', '.join(windows)} ms (each at its lowest threshold "
+            "within the target) as the one that detects the most valid commands, with"
+        )
+    sizes = summary["sizes"]
+    n_more = sum(bool(o.get("more_engines")) for o in _runs_options(summary))
+    extras_md = _data_extras(summary, ev)
+    s64, s128 = summary["streaming"]["complex64"], summary["streaming"]["complex128"]
+    goal_md = _goals(ev, loso)
     frame_ms = 1000 * cfg.frame_stride // cfg.sample_rate
     if cfg.history:
         window_ms = 1000 * cfg.window // cfg.sample_rate
@@ -469,10 +382,10 @@ the training augmentation.
 
 {_engine_table(ev)}
 
-Word-less windows (every background and level): {_pct(ev["silence"]["accepted_argmax"])} accepted as a
-command by argmax, {_pct(ev["silence"]["predicted_silence"])} labelled `_silence_`; the detector, at the
+Word-less windows (every background and level): {pct(ev["silence"]["accepted_argmax"])} accepted as a
+command by argmax, {pct(ev["silence"]["predicted_silence"])} labelled `_silence_`; the detector, at the
 threshold the checkpoint carried when the clips were scored ({ev.get("clip_detector", {}).get("threshold", 0.5)}),
-fires on {_pct(ev["silence"]["detector_fires"])} of them and on {_pct(ev["clean"].get("unknown_detector_fires"))}
+fires on {pct(ev["silence"]["detector_fires"])} of them and on {pct(ev["clean"].get("unknown_detector_fires"))}
 of the clean unknown-word clips.
 
 Per voice:

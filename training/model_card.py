@@ -22,6 +22,11 @@ import torch
 from dlr_runtime import load_recurrent, read_header
 
 
+def pct(x: float | None) -> str:
+    """A fraction as a card writes it: 0.874 -> "87.4 %" (None -> "n/a")."""
+    return "n/a" if x is None else f"{100 * x:.1f} %"
+
+
 def _load(run: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     summary = json.loads((run / "summary.json").read_text())
     return summary, read_header(run / "model")

@@ -18,8 +18,8 @@ from training.data.vocab import SC12_LABELS
 from training.eval_cli import main as eval_main
 from training.eval_speech import split_streams
 from training.kws_calibrate import main as calibrate_main
-from training.kws_card import loso_records, route
 from training.kws_card import main as card_main
+from training.kws_folds import loso_records, route
 from training.recipes.kws import KWSOptions, load_split
 from training.soup import main as soup_main
 
