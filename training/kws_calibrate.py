@@ -14,7 +14,8 @@ the server's utterance mode returns. Test voices are never used.
 The output is a run directory like the input's (the calibrated checkpoint in `model/`, a
 `summary.json` whose results are recomputed on it plus "calibration": the chosen bias, the
 target and the valid figures before and after, the input's curves), ready for `dlr-eval` and
-`kws_card`; `calibration.png` plots the valid sweep. The operating point must be chosen again (`dlr-eval speech --write-operating-point`).
+`kws_card`; `calibration.png` plots the valid sweep. The operating point must be chosen again
+(`dlr-eval speech --write-operating-point`).
 """
 
 from __future__ import annotations

@@ -123,11 +123,12 @@ def _runs_options(summary: dict[str, Any]) -> list[dict[str, Any]]:
     return [i["recipe_options"]["kws"] for i in ingredients] or [summary["recipe_options"]["kws"]]
 
 
-def _data_extras(summary: dict[str, Any], ev: dict[str, Any]) -> str:
+def _data_extras(
+    summary: dict[str, Any], ev: dict[str, Any], runs_opts: list[dict[str, Any]]
+) -> str:
     """The Data section's paragraphs on what the model's runs added to the base recipe
     (codecs, morphs, word mix, more engines and voices, SpecAugment, calibration)."""
     kws_opts = summary["recipe_options"]["kws"]
-    runs_opts = _runs_options(summary)
     morphs = sorted({o.get("morphs", 0) for o in runs_opts} - {0})
     masked = [o for o in runs_opts if o.get("freq_masks") or o.get("time_masks")]
     extras = []
@@ -273,8 +274,9 @@ def card(
             "within the target) as the one that detects the most valid commands, with"
         )
     sizes = summary["sizes"]
-    n_more = sum(bool(o.get("more_engines")) for o in _runs_options(summary))
-    extras_md = _data_extras(summary, ev)
+    runs_opts = _runs_options(summary)
+    n_more = sum(bool(o.get("more_engines")) for o in runs_opts)
+    extras_md = _data_extras(summary, ev, runs_opts)
     s64, s128 = summary["streaming"]["complex64"], summary["streaming"]["complex128"]
     goal_md = _goals(ev, loso)
     frame_ms = 1000 * cfg.frame_stride // cfg.sample_rate
