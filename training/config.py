@@ -39,6 +39,7 @@ class TrainConfig:
     log_every: int = 10  # write a training metrics line every this many steps
     resume: bool = False  # continue from <out_dir>/last if it exists
     init_from: str = ""  # start from this model directory's weights (same shapes); not resumed
+    ema_decay: float = 0.0  # weight average over ~1/(1-decay) steps, evaluated and kept (0: off)
     progress: bool = True  # tqdm progress bar
 
     def validate(self) -> None:
@@ -62,6 +63,8 @@ class TrainConfig:
             raise ValueError(f"--max-minutes must be >= 0, got {self.max_minutes}")
         if self.grad_clip < 0:
             raise ValueError(f"--grad-clip must be >= 0, got {self.grad_clip}")
+        if self.ema_decay != 0.0 and not 0.0 < self.ema_decay < 1.0:
+            raise ValueError(f"--ema-decay must be in (0, 1) or 0 (off), got {self.ema_decay}")
         if self.num_workers < 0:
             raise ValueError(f"--num-workers must be >= 0, got {self.num_workers}")
 

@@ -8,6 +8,8 @@ metrics (JSONL, CSV, PNG), evaluation every epoch, the best checkpoint in `<out_
 a resumable state in
 `<out_dir>/last/` (model + optimiser + counters, written every `save_every` steps and at every
 epoch end). `--resume` continues from `<out_dir>/last/` exactly where it stopped.
+With `--ema-decay` the run also keeps a moving average of its weights (`ema.py`): the average
+is evaluated every epoch and kept in `model/`, and its latest state is the checkpoint `ema/`.
 A recipe may also train modules that are not part of the model (`Recipe.auxiliary`, e.g. a head
 of an auxiliary loss): they share the optimiser, clipping and schedule, are kept in
 `last/auxiliary.safetensors` for resuming, and never enter a checkpoint.
@@ -16,6 +18,7 @@ Run directory:
     run.json          recipe and configuration of the run
     model/            best checkpoint by the held-out metric (dlr_runtime checkpoint directory)
     last/             latest checkpoint + train_state.{safetensors,json} (for --resume)
+    ema/              with --ema-decay: the weight average at the latest epoch end
     metrics.jsonl     one line per log interval ("train") and per evaluation ("eval")
     metrics.csv, curves.png, summary.json   written at the end
 """
@@ -38,16 +41,19 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.optim.swa_utils import AveragedModel
 from tqdm import tqdm
 
 from .config import TrainConfig
 from .distributed import DistContext
+from .ema import load_ema, make_ema, save_ema
 from .metrics import MetricsLog
 from .optim import lr_factor, make_optimizer, set_lr
 from .state import Progress, has_train_state, load_train_state, save_train_state
 
 MODEL_DIR = "model"
 LAST_DIR = "last"
+EMA_DIR = "ema"  # with --ema-decay: the weight average at the latest epoch end
 CHECKPOINTS = (MODEL_DIR, LAST_DIR)  # a run's checkpoint directories: the kept one, the last step
 AUX_FILE = "auxiliary.safetensors"  # in last/: the recipe's auxiliary modules
 
@@ -150,7 +156,13 @@ class Trainer:
         }
 
     def _save_last(
-        self, model: nn.Module, opt, progress: Progress, info: dict, aux: nn.Module | None
+        self,
+        model: nn.Module,
+        opt,
+        progress: Progress,
+        info: dict,
+        aux: nn.Module | None,
+        ema: AveragedModel | None,
     ) -> None:
         last = self.out / LAST_DIR
         # the run's options go with every checkpoint, so a tool reading one mid-run (dlr-eval on
@@ -160,6 +172,8 @@ class Trainer:
         if aux is not None:
             state = {k: v.detach().cpu().contiguous() for k, v in aux.state_dict().items()}
             save_file(state, str(last / AUX_FILE))
+        if ema is not None:
+            save_ema(ema, last)
         save_train_state(last, opt, progress, info)
 
     def run(self) -> dict[str, Any]:
@@ -188,6 +202,7 @@ class Trainer:
         # the optimised modules: the model's parameters first, in the order of a model alone
         trained: nn.Module = model if aux is None else nn.ModuleDict({"model": model, "aux": aux})
         opt = make_optimizer(trained, cfg)
+        ema = make_ema(model, cfg.ema_decay)
         info = self._run_info(ctx)
         log = MetricsLog(self.out, enabled=ctx.is_main)
         progress = Progress()
@@ -196,6 +211,8 @@ class Trainer:
             model.load_state_dict(load_file(last / "model.safetensors", device=str(device)))
             if aux is not None:
                 aux.load_state_dict(load_file(last / AUX_FILE, device=str(device)))
+            if ema is not None:
+                load_ema(ema, last, device)
             progress, _ = load_train_state(last, opt, device)
             log.truncate_after(progress.step)
             if ctx.is_main:
@@ -262,6 +279,8 @@ class Trainer:
                 if cfg.grad_clip > 0:
                     torch.nn.utils.clip_grad_norm_(trained.parameters(), cfg.grad_clip)
                 opt.step()
+                if ema is not None:
+                    ema.update_parameters(model)
                 progress.step += 1
                 progress.step_in_epoch += 1
                 progress.items += n_items * ctx.world_size
@@ -290,15 +309,19 @@ class Trainer:
                     run_loss, run_n, run_items, t_log = 0.0, 0, 0, time.perf_counter()
                 if cfg.save_every and progress.step % cfg.save_every == 0 and ctx.is_main:
                     progress.elapsed_s = time.perf_counter() - t_start
-                    self._save_last(model, opt, progress, info, aux)
+                    self._save_last(model, opt, progress, info, aux, ema)
             bar.close()
             progress.elapsed_s = time.perf_counter() - t_start
+            kept = model if ema is None else ema.module  # the weights evaluated and kept
             if ctx.is_main:
-                self._evaluate_epoch(model, device, progress, log, epoch, info)
+                self._evaluate_epoch(kept, device, progress, log, epoch, info)
             progress.epoch += 1
             progress.step_in_epoch = 0
             if ctx.is_main:
-                self._save_last(model, opt, progress, info, aux)
+                self._save_last(model, opt, progress, info, aux, ema)
+                if ema is not None:
+                    summary = {**info, "progress": "in training", "step": progress.step}
+                    self.recipe.save_model(ema.module, self.out / EMA_DIR, summary)
             ctx.barrier()
         summary: dict[str, Any] = {}
         if ctx.is_main:
