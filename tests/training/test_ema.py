@@ -20,6 +20,7 @@ from training.recipes.lm import LMOptions, LMRecipe
 from training.trainer import Trainer
 
 from .test_resume import Interrupted, InterruptingLM
+from .test_resume import _setup as resume_setup
 
 DECAY = 0.7  # short memory, so every step shows in the average
 
@@ -37,28 +38,9 @@ class RecordingLM(LMRecipe):
 
 
 def _setup(text_dir: Path, out: Path, **train: Any) -> tuple[LMOptions, ModelOptions, TrainConfig]:
-    opts = LMOptions(
-        text=(str(text_dir),),
-        seq_len=16,
-        eval_tokens=64,
-        valid_fraction=0.34,
-        samples=1,
-        sample_bytes=4,
-    )
-    model = ModelOptions(d_model=16, d_state=8, n_layers=2, dropout=0.0)
-    cfg = TrainConfig(
-        out_dir=str(out),
-        steps=9,
-        steps_per_epoch=4,
-        batch_size=4,
-        warmup=2,
-        save_every=2,
-        progress=False,
-        log_every=1,
-        threads=1,
-        ema_decay=DECAY,
-    )
-    return opts, model, replace(cfg, **train)
+    """The resume test's tiny LM run, with the average on."""
+    opts, model, cfg = resume_setup(text_dir, out)
+    return opts, model, replace(cfg, ema_decay=DECAY, **train)
 
 
 def test_decay_is_checked() -> None:
