@@ -1,8 +1,10 @@
 """How a speech model does on chosen voices of the corpus, train voices included: clean command
 accuracy and unknown words accepted, per voice. Run it before training on new voices: voices
-the model already gets right add little, voices it misses are new to it.
+the model already gets right add little, voices it misses are new to it. `--missed N` lists,
+per voice, what its missed commands were taken for (another command, or `_unknown_`).
 
     python -m training.voice_check models/speech-commands --engine kokoro --kokoro-accents
+    python -m training.voice_check models/speech-commands --more-engines --engine flite --missed 5
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 import torch
 
 from dlr_runtime import load_checkpoint
-from training.data.corpus import CorpusConfig, all_tts_voices, generate
+from training.data.corpus import CorpusConfig, all_tts_voices, engines_for, generate
 from training.data.rooms import rir_bank
 from training.data.sc12 import SIL, UNK, WordPool, clip_windows
 from training.eval_speech import clip_report, frame_scores
@@ -26,6 +28,7 @@ from training.eval_speech import clip_report, frame_scores
 class VoiceCheck:
     per_voice: dict[str, dict]  # `clip_report`'s per-voice figures
     accepted: Counter[tuple[str, str]]  # (unknown word, command it was taken for) -> clips
+    missed: Counter[tuple[str, str, str]]  # (voice, command, label it was taken for) -> clips
 
 
 def check_voices(
@@ -45,8 +48,17 @@ def check_voices(
     accepted = Counter(
         zip(pool.words[taken].tolist(), [labels[i] for i in pred[taken]], strict=True)
     )
+    miss = (pool.labels < SIL) & (pred != pool.labels)
+    missed = Counter(
+        zip(
+            pool.voices[miss].tolist(),
+            [labels[i] for i in pool.labels[miss]],
+            [labels[i] for i in pred[miss]],
+            strict=True,
+        )
+    )
     return VoiceCheck(
-        clip_report(pred, pool.labels, pool.engines, pool.voices)["per_voice"], accepted
+        clip_report(pred, pool.labels, pool.engines, pool.voices)["per_voice"], accepted, missed
     )
 
 
@@ -56,18 +68,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument(
         "--engine",
         action="append",
-        choices=CorpusConfig().engines,
-        help="engines to score (default: all)",
+        choices=engines_for(True),
+        help="engines to score (default: all of the corpus)",
     )
+    p.add_argument("--more-engines", action="store_true", help="the corpus with the engines")
     p.add_argument("--kokoro-extra", action="store_true", help="with the extra Kokoro mixes")
     p.add_argument("--kokoro-accents", action="store_true", help="with the accented Kokoro voices")
     p.add_argument("--cache-dir", default="runs/sc12cache")
     p.add_argument("--workers", type=int, default=1, help="processes rendering missing clips")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--accepted", type=int, default=20, help="list the N most accepted unknowns")
+    p.add_argument("--missed", type=int, default=0, help="per voice, its N commonest misses")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    cfg = CorpusConfig(kokoro_extra=args.kokoro_extra, kokoro_accents=args.kokoro_accents)
+    cfg = CorpusConfig(
+        engines=engines_for(args.more_engines),
+        kokoro_extra=args.kokoro_extra,
+        kokoro_accents=args.kokoro_accents,
+    )
     engines = args.engine or list(cfg.engines)
     check = check_voices(args.model_dir, cfg, engines, args.cache_dir, args.workers)
     print(f"{'voice':44s} {'commands':>9s} {'unknown accepted':>17s}")
@@ -79,6 +97,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"\nunknown words accepted most often (clips, over {len(check.per_voice)} voices):")
         for (word, command), n in check.accepted.most_common(args.accepted):
             print(f"  {word:>12s} -> {command:6s} {n}")
+    if args.missed:
+        print("\nmissed commands per voice (command -> taken for: clips):")
+        for voice in check.per_voice:
+            mine = Counter({k[1:]: n for k, n in check.missed.items() if k[0] == voice})
+            shown = ", ".join(f"{c} -> {t}: {n}" for (c, t), n in mine.most_common(args.missed))
+            print(f"  {voice:42s} {shown or '-'}")
 
 
 if __name__ == "__main__":

@@ -36,3 +36,9 @@ def test_the_shipped_model_knows_two_training_espeak_voices(tmp_path):
     accepted = sum(r["unknown_accepted"] for r in check.per_voice.values()) / 2 * unknown_clips
     assert sum(check.accepted.values()) == round(accepted)
     assert all(w in cfg.unknown and c in SC10_LABELS for w, c in check.accepted)
+    # every missed command is counted once, under its voice, as something other than itself
+    for voice, r in check.per_voice.items():
+        n_commands = len(SC10_LABELS) * cfg.espeak_command_renditions
+        mine = {k: n for k, n in check.missed.items() if k[0] == voice}
+        assert sum(mine.values()) == round((1 - r["command_accuracy"]) * n_commands)
+    assert all(c in SC10_LABELS and t != c for _, c, t in check.missed)
