@@ -7,8 +7,9 @@ unseen data than any one of them; `models/speech-commands/MODEL.md` measures it.
 
     python -m training.soup --out runs/kws_soup runs/kws_a runs/kws_b runs/kws_c
 
-Each input is a run directory of `dlr-train` (its `summary.json` and best `model/`, or with
-`--checkpoint last` its last step's `last/`). The contract, checked before anything is written:
+Each input is a run directory of `dlr-train` (its `summary.json` and best `model/`, with
+`--checkpoint last` its last step's `last/`, or with `--checkpoint ema` the weight average of
+a run trained with `--ema-decay`). The contract, checked before anything is written:
 - at least two runs, one recipe, one model config (same shapes and task fields);
 - one common starting point: every run was fine-tuned (`--init-from`) from the same weights,
   since weights of independently initialised runs do not average into a working model;
@@ -257,7 +258,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--checkpoint",
         choices=CHECKPOINTS,
         default=MODEL_DIR,
-        help="each run's best checkpoint (model/) or its last step's (last/)",
+        help="each run's best checkpoint (model/), its last step's (last/) or its weight "
+        "average at its last epoch end (ema/, runs with --ema-decay)",
     )
     args = parse_tool_args(p, argv)
     command = tool_command("training.soup", argv)

@@ -54,7 +54,8 @@ from .state import Progress, has_train_state, load_train_state, save_train_state
 MODEL_DIR = "model"
 LAST_DIR = "last"
 EMA_DIR = "ema"  # with --ema-decay: the weight average at the latest epoch end
-CHECKPOINTS = (MODEL_DIR, LAST_DIR)  # a run's checkpoint directories: the kept one, the last step
+# a run's checkpoint directories: the kept one, the last step, the weight average (--ema-decay)
+CHECKPOINTS = (MODEL_DIR, LAST_DIR, EMA_DIR)
 AUX_FILE = "auxiliary.safetensors"  # in last/: the recipe's auxiliary modules
 
 

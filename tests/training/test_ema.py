@@ -17,6 +17,7 @@ from training.config import TrainConfig
 from training.ema import make_ema
 from training.modelopts import ModelOptions
 from training.recipes.lm import LMOptions, LMRecipe
+from training.soup import main as soup_main
 from training.trainer import Trainer
 
 from .test_resume import Interrupted, InterruptingLM
@@ -40,7 +41,7 @@ class RecordingLM(LMRecipe):
 def _setup(text_dir: Path, out: Path, **train: Any) -> tuple[LMOptions, ModelOptions, TrainConfig]:
     """The resume test's tiny LM run, with the average on."""
     opts, model, cfg = resume_setup(text_dir, out)
-    return opts, model, replace(cfg, ema_decay=DECAY, **train)
+    return opts, model, replace(cfg, **{"ema_decay": DECAY, **train})
 
 
 def test_decay_is_checked() -> None:
@@ -104,3 +105,19 @@ def test_a_resumed_run_continues_the_same_average(tmp_path: Path, text_dir: Path
         resumed = load_file(tmp_path / "cut" / folder / "model.safetensors")
         for name in full:
             torch.testing.assert_close(resumed[name], full[name], rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_a_fine_tunes_average_goes_into_a_soup(tmp_path: Path, text_dir: Path) -> None:
+    opts, model, train = _setup(text_dir, tmp_path / "base", ema_decay=0.0)
+    Trainer(LMRecipe(opts, model, train), train).run()
+    opts, model, train = _setup(text_dir, tmp_path / "ft", init_from=str(tmp_path / "base/model"))
+    Trainer(LMRecipe(opts, model, train), train).run()
+
+    out = tmp_path / "soup"
+    argv = [str(tmp_path / "ft"), "--with-start", "--checkpoint", "ema", "--out", str(out)]
+    assert soup_main(argv) is None
+    ema = load_file(tmp_path / "ft" / "ema" / "model.safetensors")
+    start = load_file(tmp_path / "base" / "model" / "model.safetensors")
+    soup = load_file(out / "model" / "model.safetensors")
+    for name, t in soup.items():
+        torch.testing.assert_close(t, (ema[name] + start[name]) / 2, atol=1e-6, rtol=0, msg=name)
