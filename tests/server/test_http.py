@@ -177,12 +177,14 @@ def test_metrics_exposed(client):
 
 def test_session_log_lines(client, caplog):
     caplog.set_level("INFO", logger="dlr.session")
-    client.post("/v1/generate", json={"prompt": "hi", "max_new_tokens": 2})
+    # seeded: an unseeded sample of the tiny model may end with its end-of-text token
+    body = {"prompt": "hi", "max_new_tokens": 2, "seed": 42}
+    reply = client.post("/v1/generate", json=body).json()
     lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "dlr.session"]
     start, end = lines[-2], lines[-1]
     assert start["event"] == "session_start" and end["event"] == "session_end"
     assert start["session_id"] == end["session_id"] and end["model"] == LM_NAME
-    assert end["duration_s"] >= 0 and end["reason"] == "length"
+    assert end["duration_s"] >= 0 and end["reason"] == reply["finish_reason"] == "length"
 
 
 def test_empty_or_missing_models_dir(tmp_path: Path):
