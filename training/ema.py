@@ -44,6 +44,11 @@ def save_ema(ema: AveragedModel, path: Path) -> None:
 
 def load_ema(ema: AveragedModel, path: Path, device: torch.device) -> None:
     """Restore an average written by `save_ema` (for --resume)."""
+    if not (path / EMA_FILE).is_file():
+        raise FileNotFoundError(
+            f"{path} has no {EMA_FILE}: the run was not trained with --ema-decay; "
+            "resume it without that option"
+        )
     tensors = load_file(path / EMA_FILE, device=str(device))
     count = tensors.pop(_COUNT)
     ema.module.load_state_dict(tensors)

@@ -121,3 +121,11 @@ def test_a_fine_tunes_average_goes_into_a_soup(tmp_path: Path, text_dir: Path) -
     soup = load_file(out / "model" / "model.safetensors")
     for name, t in soup.items():
         torch.testing.assert_close(t, (ema[name] + start[name]) / 2, atol=1e-6, rtol=0, msg=name)
+
+
+def test_resuming_with_an_average_the_run_never_had_is_refused(tmp_path: Path, text_dir: Path):
+    opts, model, train = _setup(text_dir, tmp_path / "plain", ema_decay=0.0)
+    Trainer(LMRecipe(opts, model, train), train).run()
+    opts, model, train = _setup(text_dir, tmp_path / "plain", resume=True)
+    with pytest.raises(FileNotFoundError, match="not trained with --ema-decay"):
+        Trainer(LMRecipe(opts, model, train), train).run()
