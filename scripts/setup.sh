@@ -52,6 +52,14 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   echo "[setup] .venv is up to date"
   exit 0
 fi
+# The packages (CUDA torch and onnxruntime-gpu among them) take about 7.5 GiB in .venv, and pip
+# unpacks beside them: say so up front instead of failing halfway with "No space left on device".
+need_kib=$((9 * 1024 * 1024))
+free_kib=$(df -Pk . | awk 'NR == 2 {print $4}')
+if [ "${free_kib:-0}" -lt "$need_kib" ]; then
+  echo "[setup] error: $((free_kib / 1024 / 1024)) GiB free on $(df -P . | awk 'NR == 2 {print $6}'); the python packages need about 9 GiB (free some space, e.g. old clones' .venv, and re-run)" >&2
+  exit 1
+fi
 echo "[setup] installing python packages (first run: a few minutes)"
 pip_quiet() {  # pip, minus the local-index location warnings; fails when pip fails
   local log
