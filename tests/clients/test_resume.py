@@ -25,6 +25,7 @@ def drop(client) -> None:
     client._conn._ws.transport.abort()
 
 
+@pytest.mark.slow  # 6 s: waits out a reconnect
 def test_speech_stream_survives_a_dropped_connection(live_server, word_wav):
     clip = read_audio(word_wav)
     audio = np.tile(clip.samples, 3)  # 3 s

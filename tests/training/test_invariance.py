@@ -121,6 +121,7 @@ def _train_encoder(weight: float) -> tuple[float, float]:
     return task, _probe_accuracy(z, domain)
 
 
+@pytest.mark.slow  # 4 s: trains two small probes
 def test_the_penalty_hides_the_domain_and_keeps_the_task() -> None:
     task_off, probe_off = _train_encoder(0.0)
     task_on, probe_on = _train_encoder(1.0)

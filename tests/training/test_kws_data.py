@@ -340,6 +340,7 @@ def test_codec_round_trip_keeps_every_clip_in_place(codec):
     assert spec(out[-1])[hi].sum() < spec(clips[-1])[hi].sum()
 
 
+@pytest.mark.slow  # 6 s: renders a voice ahead in a subprocess
 @needs_ffmpeg
 def test_rendering_ahead_fills_the_cache_that_runs_read(tmp_path):
     cfg, voices = CorpusConfig(), _voices()
