@@ -51,8 +51,10 @@ from training.streams import StreamScore, build_stream, score, stream_scores
 THRESHOLDS = (
     0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8,
     0.85, 0.86, 0.87, 0.88, 0.89, 0.9, 0.91, 0.92, 0.93,
-    0.95, 0.97, 0.98, 0.99, 0.995,
+    0.94, 0.95, 0.96, 0.965, 0.97, 0.975, 0.98, 0.985, 0.99, 0.995,
 )  # fmt: skip
+# (dense above 0.93: the goal's 0.5-1 false accepts per hour lie there, and one step of 0.02
+# moved a model's recall within 1 FA/h from 2 % to 21 %)
 DET_TARGETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0)  # FA/h targets of the per-command DET line
 
 
