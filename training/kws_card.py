@@ -95,6 +95,27 @@ def _gated(ev: dict[str, Any]) -> str:
     return ", every frame computed (the server's continuous mode gates by default: `--vad`)"
 
 
+def _clip_rule(ev: dict[str, Any]) -> str:
+    """The detector rule the clips' `detector_fires` were scored with: threshold, smoothing."""
+    rule = ev.get("clip_detector", {})
+    text = f"threshold {rule.get('threshold', 0.5)}"
+    return text + (f" over {rule['smooth_ms']:g} ms" if "smooth_ms" in rule else "")
+
+
+def _clip_rule_recall(ev: dict[str, Any]) -> str:
+    """What the same rule finds of the commands, where the streams were scored with it."""
+    st, rule = ev.get("streams", {}), ev.get("clip_detector", {})
+    at, op = st.get("test_at_operating_point"), st.get("operating_point", {})
+    same = all(op.get(k) == rule.get(k) for k in ("threshold", "smooth_ms", "keywords"))
+    if not at or not same:
+        return ""
+    return (
+        f"; the same rule, the operating point, finds {pct(at['recall'])} of the test streams' "
+        f"commands at {at['fa_per_hour']:.0f} false accepts per hour, so its rejection is "
+        "bought with recall (the Goals table counts the clips' argmax)"
+    )
+
+
 def _stream_table(ev: dict[str, Any]) -> str:
     st = ev["streams"]
     rows = [
@@ -386,9 +407,9 @@ the training augmentation.
 
 Word-less windows (every background and level): {pct(ev["silence"]["accepted_argmax"])} accepted as a
 command by argmax, {pct(ev["silence"]["predicted_silence"])} labelled `_silence_`; the detector, at the
-threshold the checkpoint carried when the clips were scored ({ev.get("clip_detector", {}).get("threshold", 0.5)}),
+rule the checkpoint carried when the clips were scored ({_clip_rule(ev)}),
 fires on {pct(ev["silence"]["detector_fires"])} of them and on {pct(ev["clean"].get("unknown_detector_fires"))}
-of the clean unknown-word clips.
+of the clean unknown-word clips{_clip_rule_recall(ev)}.
 
 Per voice:
 
