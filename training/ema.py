@@ -22,6 +22,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
+from .state import atomic_replace
+
 EMA_FILE = "ema.safetensors"  # in last/: the average's tensors and its update count
 _COUNT = "__ema_updates__"
 
@@ -39,7 +41,7 @@ def save_ema(ema: AveragedModel, path: Path) -> None:
     """Write the averaged weights and the update count to `path/ema.safetensors`."""
     tensors = {k: v.detach().cpu().contiguous() for k, v in ema.module.state_dict().items()}
     tensors[_COUNT] = ema.n_averaged.detach().cpu().reshape(1)
-    save_file(tensors, str(path / EMA_FILE))
+    atomic_replace(lambda tmp: save_file(tensors, tmp), path / EMA_FILE)
 
 
 def load_ema(ema: AveragedModel, path: Path, device: torch.device) -> None:

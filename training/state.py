@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,9 @@ class Progress:
     history: list[dict[str, Any]] = field(default_factory=list)  # per-epoch eval results
 
 
-def _atomic_replace(write, path: Path) -> None:
+def atomic_replace(write: Callable[[str], object], path: Path) -> None:
+    """Write `path` through `write(tmp)` on a temporary file beside it, then rename: a crash
+    leaves the old file or the new one, never half of one."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     os.close(fd)
     try:
@@ -74,8 +77,8 @@ def save_train_state(
         "scalar_state": scalars,
         "run": run,
     }
-    _atomic_replace(lambda tmp: save_file(tensors, tmp), path / STATE_TENSORS)
-    _atomic_replace(lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=1)), path / STATE_JSON)
+    atomic_replace(lambda tmp: save_file(tensors, tmp), path / STATE_TENSORS)
+    atomic_replace(lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=1)), path / STATE_JSON)
 
 
 def has_train_state(path: str | Path) -> bool:

@@ -49,7 +49,7 @@ from .distributed import DistContext
 from .ema import load_ema, make_ema, save_ema
 from .metrics import MetricsLog
 from .optim import lr_factor, make_optimizer, set_lr
-from .state import Progress, has_train_state, load_train_state, save_train_state
+from .state import Progress, atomic_replace, has_train_state, load_train_state, save_train_state
 
 MODEL_DIR = "model"
 LAST_DIR = "last"
@@ -172,7 +172,7 @@ class Trainer:
         self.recipe.save_model(model, last, summary)
         if aux is not None:
             state = {k: v.detach().cpu().contiguous() for k, v in aux.state_dict().items()}
-            save_file(state, str(last / AUX_FILE))
+            atomic_replace(lambda tmp: save_file(state, tmp), last / AUX_FILE)
         if ema is not None:
             save_ema(ema, last)
         save_train_state(last, opt, progress, info)

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from training.config import TrainConfig
 from training.modelopts import ModelOptions
 from training.recipes.lm import LMOptions, LMRecipe
+from training.state import atomic_replace
 from training.trainer import Trainer
 
 
@@ -144,3 +145,19 @@ def test_an_auxiliary_module_trains_resumes_and_stays_out_of_the_checkpoint(
     resumed = load_file(tmp_path / "cut" / "last" / "model.safetensors")
     for name in full:
         torch.testing.assert_close(resumed[name], full[name], rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_a_failed_write_leaves_the_previous_file_whole(tmp_path: Path) -> None:
+    """`last/`'s files (train state, weight average, auxiliary modules) are written through a
+    temporary file and a rename: a write that dies halfway keeps the previous version."""
+    path = tmp_path / "ema.safetensors"
+    atomic_replace(lambda tmp: Path(tmp).write_bytes(b"first"), path)
+
+    def dies_halfway(tmp: str) -> None:
+        Path(tmp).write_bytes(b"sec")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_replace(dies_halfway, path)
+    assert path.read_bytes() == b"first"
+    assert [p.name for p in tmp_path.iterdir()] == ["ema.safetensors"]  # no temporary left
