@@ -22,7 +22,8 @@ arguments), `parallel` (fine-tunes at a time), `[soup]` with `checkpoint` (`mode
 Resumable: a stage whose run directory holds a `summary.json` (a finished run, or one its own
 `--max-minutes` stopped) is done and skipped; any other is (re)started with `--resume`, so an
 interrupted route continues from each run's last saved step. A stage that fails stops the
-route with the stage's name and log.
+route with the stage's name and log. A route file edited after its stages ran is refused in
+the same `--out-dir` (its runs would mix two routes): use a new one.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+
+from training.trainer import CHECKPOINTS
 
 RESERVED = ("--out-dir", "--resume", "--init-from")
 BASE = "base"
@@ -122,11 +125,15 @@ def load_route(path: Path) -> Route:
     if not isinstance(parallel, int) or parallel < 1:
         raise RouteError(f"{path}: `parallel` must be an integer >= 1, got {parallel!r}")
     soup_raw = raw.get("soup", {})
+    if not isinstance(soup_raw, dict) or sorted(set(soup_raw) - {"checkpoint", "with_start"}):
+        raise RouteError(f"{path}: `[soup]` takes `checkpoint` and `with_start`, got {soup_raw!r}")
     soup = SoupSpec(
         checkpoint=soup_raw.get("checkpoint", "ema"), with_start=soup_raw.get("with_start", True)
     )
-    if soup.checkpoint not in ("model", "last", "ema"):
-        raise RouteError(f"{path}: soup.checkpoint must be model, last or ema")
+    if soup.checkpoint not in CHECKPOINTS:
+        raise RouteError(f"{path}: soup.checkpoint must be one of {list(CHECKPOINTS)}")
+    if not isinstance(soup.with_start, bool):
+        raise RouteError(f"{path}: soup.with_start must be true or false")
     return Route(
         recipe=raw["recipe"],
         common=_words(raw.get("common", []), "common"),
@@ -146,15 +153,25 @@ def stage_done(run: Path) -> bool:
 PHASES = ("base", "fine_tunes", "soup")
 
 
-def _earlier(path: Path) -> tuple[dict[str, float], dict[str, float]]:
-    """Stage and phase minutes as earlier invocations of the route recorded them."""
+@dataclass(frozen=True)
+class Earlier:
+    """What earlier invocations of the route recorded in `route.json`."""
+
+    minutes: dict[str, float] = field(default_factory=dict)  # per stage
+    phase_minutes: dict[str, float] = field(default_factory=dict)
+    args: dict[str, list[str]] = field(default_factory=dict)  # per stage, minus the interpreter
+
+
+def _earlier(path: Path) -> Earlier:
     try:
         report = json.loads(path.read_text())
-        stages = {s["name"]: float(s["minutes"]) for s in report["stages"]}
-        phases = {k: float(v) for k, v in report["phase_minutes"].items()}
-        return stages, phases
+        return Earlier(
+            minutes={s["name"]: float(s["minutes"]) for s in report["stages"]},
+            phase_minutes={k: float(v) for k, v in report["phase_minutes"].items()},
+            args={s["name"]: shlex.split(s["command"])[1:] for s in report["stages"]},
+        )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}, {}
+        return Earlier()
 
 
 @dataclass
@@ -176,10 +193,18 @@ class RouteRunner:
             self.commands[name] = [*train, *route.fine_tune_args(out, name)]
         self.commands[SOUP] = [python, "-m", "training.soup", *route.soup_args(out)]
         self.records = {n: StageRecord(n, shlex.join(c)) for n, c in self.commands.items()}
-        # a resumed route adds to the wall clock its earlier invocations spent
-        stage_minutes, self.phase_minutes = _earlier(out / ROUTE_JSON)
+        # a resumed route adds to the wall clock its earlier invocations spent; a stage whose
+        # run exists but was started by a different route file would mix two routes: refused
+        earlier = _earlier(out / ROUTE_JSON)
+        self.phase_minutes = dict(earlier.phase_minutes)
         for name, rec in self.records.items():
-            rec.minutes = stage_minutes.get(name, 0.0)
+            rec.minutes = earlier.minutes.get(name, 0.0)
+            before = earlier.args.get(name)
+            if before is not None and before != self.commands[name][1:] and (out / name).exists():
+                raise RouteError(
+                    f"stage {name} in {out} was run with other arguments than the route file "
+                    f"gives now; use a new --out-dir, or remove {out / name} to run it again"
+                )
         self.t0 = time.perf_counter()
 
     def run(self) -> dict[str, Any]:

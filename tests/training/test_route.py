@@ -87,6 +87,13 @@ def test_a_route_runs_resumes_and_averages_the_fine_tunes_with_their_base(
     for key, value in _weights(out / "soup" / "model").items():
         assert torch.equal(value, soup[key])
 
+    # The route file edited after its stages ran: refused in the same output directory.
+    _route_file(route, text, {"a": "--lr 0.02", "b": "--lr 0.003"})
+    capsys.readouterr()
+    assert route_main([str(route), "--out-dir", str(out)]) == 2
+    assert "stage a in" in capsys.readouterr().err
+    assert (out / "a" / "summary.json").stat().st_mtime_ns == stamp
+
     # A fine-tune that fails stops the route, naming the stage and its log; no soup is made.
     bad = _route_file(tmp_path / "bad.toml", text, {"ok": "--lr 0.01", "broken": "--no-such"})
     capsys.readouterr()
@@ -114,6 +121,9 @@ def test_a_route_runs_resumes_and_averages_the_fine_tunes_with_their_base(
         ('recipe = "lm"\n[fine_tunes]\na = ""\n[soup]\ncheckpoint = "best"\n', "soup.checkpoint"),
         ('recipe = "lm"\ncommon = 3\n[fine_tunes]\na = ""\n', "common: expected"),
         ("recipe = \n", "r.toml"),
+        ('recipe = "lm"\nsoup = 3\n[fine_tunes]\na = ""\n', "`[soup]` takes"),
+        ('recipe = "lm"\n[fine_tunes]\na = ""\n[soup]\nwith_start = "yes"\n', "with_start"),
+        ('recipe = "lm"\n[fine_tunes]\na = ""\n[soup]\nstart = true\n', "`[soup]` takes"),
     ],
 )
 def test_route_files_that_cannot_run_are_refused(tmp_path: Path, body: str, message: str):
