@@ -52,11 +52,12 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   echo "[setup] .venv is up to date"
   exit 0
 fi
-# The packages (CUDA torch and onnxruntime-gpu among them) take about 7.5 GiB in .venv, and pip
-# unpacks beside them: say so up front instead of failing halfway with "No space left on device".
+# A first install (CUDA torch and onnxruntime-gpu among the packages) takes about 7.5 GiB in
+# .venv, and pip unpacks beside them: say so up front instead of failing halfway with "No space
+# left on device". An update of a .venv that already holds torch needs far less: not checked.
 need_kib=$((9 * 1024 * 1024))
 free_kib=$(df -Pk . | awk 'NR == 2 {print $4}')
-if [ "${free_kib:-0}" -lt "$need_kib" ]; then
+if ! ls -d .venv/lib/python3*/site-packages/torch >/dev/null 2>&1 && [ "${free_kib:-0}" -lt "$need_kib" ]; then
   echo "[setup] error: $((free_kib / 1024 / 1024)) GiB free on $(df -P . | awk 'NR == 2 {print $6}'); the python packages need about 9 GiB (free some space, e.g. old clones' .venv, and re-run)" >&2
   exit 1
 fi
