@@ -18,7 +18,7 @@ InitKind = Literal["omega", "random"]
 NormKind = Literal["layernorm", "rmsnorm", "none"]
 EncoderKind = Literal["tokens", "audio"]
 DecoderKind = Literal["lm", "classifier"]
-FrontendKind = Literal["raw", "logmel"]
+FrontendKind = Literal["raw", "logmel", "pcen"]
 
 SC10_LABELS = ["yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go"]
 _SPEECH = {"encoder": "audio", "decoder": "classifier", "sample_rate": 16000, "frame_stride": 160}
@@ -74,7 +74,8 @@ class DLRConfig:
     # more: the frame plus the end of the previous ones, overlapping windows; frontend.py)
     decoder: DecoderKind = "lm"  # lm: logits at every position; classifier: running-mean head
     labels: list[str] = field(default_factory=list)  # classifier: class names (n_classes)
-    frontend: FrontendKind = "raw"  # audio: per-frame front end (raw | logmel), frontend.py
+    frontend: FrontendKind = "raw"  # audio: per-frame front end (raw | logmel | pcen),
+    # frontend.py; pcen: mel energies through a causal, trainable PCEN (pcen.py)
     n_mels: int = 40  # audio, logmel front end: mel bands per frame
     pool_window_s: float = 0.0  # classifier: 0 = running mean; > 0 = exp. window (s), heads.py
     feature_norm_s: float = 0.0  # audio: subtract the causal exp. mean (time constant, s) of
@@ -97,7 +98,7 @@ class DLRConfig:
             "norm": ("layernorm", "rmsnorm", "none"),
             "encoder": ("tokens", "audio"),
             "decoder": ("lm", "classifier"),
-            "frontend": ("raw", "logmel"),
+            "frontend": ("raw", "logmel", "pcen"),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -124,6 +125,8 @@ class DLRConfig:
             raise ValueError(f"DLRConfig.feature_norm_s must be >= 0, got {self.feature_norm_s}")
         if self.encoder == "tokens" and self.feature_norm_s:
             raise ValueError("DLRConfig.feature_norm_s applies to the audio encoder only")
+        if self.encoder == "tokens" and self.frontend != "raw":
+            raise ValueError("DLRConfig.frontend applies to the audio encoder only")
         if self.encoder == "tokens" and self.frame_stride != 1:
             raise ValueError("DLRConfig.frame_stride applies to the audio encoder only")
         if self.encoder == "tokens" and self.frame_window != 0:
@@ -149,7 +152,7 @@ class DLRConfig:
     @property
     def feature_dim(self) -> int:
         """Features per frame out of the audio front end (n_mels, or the window's samples)."""
-        return self.n_mels if self.frontend == "logmel" else self.window
+        return self.window if self.frontend == "raw" else self.n_mels
 
     @property
     def n_classes(self) -> int:

@@ -13,6 +13,8 @@ in the state ("frame_hist", `framing.py`); a stream starts with a history of zer
   while tracing for ONNX export, `power_ref`, ~4x slower in eager mode) -> power -> triangular
   mel filterbank (``n_mels`` bands, HTK mel scale, 20 Hz .. Nyquist) -> ``log(mel + 1e-6)``,
   scaled to roughly unit range.
+- ``pcen``: the same mel energies without the log (`MelEnergy`); the audio encoder compresses
+  them with a causal per-channel energy normalisation (`pcen.py`), which has a state.
 
 The front end itself is position-wise with no state: a frame is encoded once its last sample
 has arrived, exactly in every form (offline, chunk, step). Every table is a non-persistent
@@ -127,6 +129,13 @@ class LogMel(nn.Module):
         return self.compress(self.power(frames) @ self.fbank)
 
 
+class MelEnergy(LogMel):
+    """Windows (..., W) -> mel energies (..., n_mels), uncompressed; position-wise, no state."""
+
+    def compress(self, mel: torch.Tensor) -> torch.Tensor:
+        return mel
+
+
 class RawFrames(nn.Module):
     """The identity front end: windows (..., W) -> (..., W)."""
 
@@ -142,4 +151,6 @@ def make_frontend(cfg: DLRConfig) -> nn.Module:
     """The front end named by `cfg.frontend` (it exposes `out_dim`)."""
     if cfg.frontend == "logmel":
         return LogMel(cfg.window, cfg.frame_stride, cfg.sample_rate, cfg.n_mels)
+    if cfg.frontend == "pcen":
+        return MelEnergy(cfg.window, cfg.frame_stride, cfg.sample_rate, cfg.n_mels)
     return RawFrames(cfg.window)

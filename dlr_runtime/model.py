@@ -25,6 +25,7 @@ from .config import DLRConfig
 from .feature_norm import norm_decay, normalise
 from .frontend import make_frontend
 from .heads import pool_decay, pooled
+from .pcen import PCEN, pcen_decay
 from .ssm import DiagonalSSM, make_layer
 
 
@@ -86,6 +87,8 @@ class Encoder(nn.Module):
             self.frontend = make_frontend(cfg)  # raw samples or log-mel, per window (no state)
             self.frame = nn.Linear(self.frontend.out_dim, cfg.d_model)
             self.norm_decay = norm_decay(cfg)  # 0.0: no feature normalisation (no state)
+            decay = pcen_decay(cfg)  # 0.0: no PCEN (no state)
+            self.pcen = PCEN(cfg.n_mels, decay) if decay else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "tokens":
@@ -94,15 +97,17 @@ class Encoder(nn.Module):
 
     def embed_features(self, feats: torch.Tensor) -> torch.Tensor:
         """Front-end features of whole streams (B, T, F), from their start -> (B, T, H)."""
+        if self.pcen is not None:
+            feats = self.pcen(feats)  # mel energies -> PCEN (B, T, M)
         if self.norm_decay:
             feats = normalise(feats, self.norm_decay)
         return self.frame(feats)
 
     def encode_frames(self, frames: torch.Tensor) -> torch.Tensor:
         """Audio frame windows (..., W) -> (..., H), frame by frame: only for a front end
-        without state (no feature normalisation; the recurrent form carries that state)."""
-        if self.norm_decay:
-            raise ValueError("encode_frames has no feature-normalisation state; use the stream")
+        without state (no PCEN or feature normalisation; the recurrent form carries that state)."""
+        if self.norm_decay or self.pcen is not None:
+            raise ValueError("encode_frames has no front-end state (PCEN, feature normalisation)")
         return self.frame(self.frontend(frames))
 
 

@@ -173,9 +173,15 @@ class RecurrentModel(nn.Module):
     # ------------------------------------------------------------------ the stack
     def _encode(self, frames: torch.Tensor, state: State) -> torch.Tensor:
         """Frame windows (B, W) or (B, T, W) -> (B, [T,] H), advancing the feature
-        normalisation's state ("feat_sum", "feat_count") in `state` when the model has one."""
+        normalisation's state ("feat_sum", "feat_count") and PCEN's ("pcen_sum", "pcen_count") in
+        `state` when the model has them."""
         enc = self.encoder
         feats = enc.frontend(frames)  # (B, [T,] F)
+        if enc.pcen is not None:
+            pcen = enc.pcen.step if feats.dim() == 2 else enc.pcen.chunk
+            feats, state["pcen_sum"], state["pcen_count"] = pcen(
+                feats, state["pcen_sum"], state["pcen_count"]
+            )
         if enc.norm_decay:
             norm = normalise_step if feats.dim() == 2 else normalise_chunk
             feats, state["feat_sum"], state["feat_count"] = norm(

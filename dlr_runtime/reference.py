@@ -14,6 +14,7 @@ import torch
 from .feature_norm import norm_decay
 from .heads import pool_decay
 from .model import DLRModel
+from .pcen import PCEN_EPS, pcen_decay
 
 
 @torch.no_grad()
@@ -23,7 +24,8 @@ def reference_forward(
     """Input (B, L) -> outputs (B, L', out_dim), exactly what `model(x)` computes.
 
     For audio, a frame is encoded when its last sample arrives (L' = L // frame_stride). The
-    feature normalisation and the classifier's pooling run as plain loops of their recurrences.
+    PCEN smoother, the feature normalisation and the classifier's pooling run as plain loops of
+    their recurrences.
     """
     cfg = model.config
     m = copy.deepcopy(model).to(dtype).eval()
@@ -44,6 +46,17 @@ def reference_forward(
         for t in range(n):
             windows[:, t] = xs[:, t * stride : t * stride + hist + stride]
         feats = m.encoder.frontend(windows)  # (B, n, F)
+        p = pcen_decay(cfg)
+        if p:  # PCEN: each energy over a power of its decayed mean so far, as a loop
+            pc = m.encoder.pcen
+            alpha, delta, r = pc.log_alpha.exp(), pc.log_delta.exp(), pc.log_r.exp()
+            e_sum, e_cnt, comp = torch.zeros_like(feats[:, 0]), 0.0, []
+            for t in range(n):
+                e_sum, e_cnt = p * e_sum + feats[:, t], p * e_cnt + 1.0
+                smooth = e_sum / e_cnt
+                g = feats[:, t] / (PCEN_EPS + smooth) ** alpha
+                comp.append((g + delta) ** r - delta**r)
+            feats = torch.stack(comp, dim=1) if comp else feats
         a = norm_decay(cfg)
         if a:  # feature normalisation: minus the decayed mean so far, as a loop
             f_sum, f_cnt, normed = torch.zeros_like(feats[:, 0]), 0.0, []

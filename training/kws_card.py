@@ -313,6 +313,13 @@ def card(
             "spectrum of that frame alone\n"
             "(`dlr_runtime/frontend.py`; no overlap, so no front-end state)"
         )
+    bands = "log-mel" if cfg.frontend != "pcen" else "mel-energy"
+    if cfg.frontend == "pcen":
+        spectrum += (
+            ",\ncompressed by a trainable per-channel energy normalisation (PCEN: each band over a "
+            "power of its causal mean, then a root; `dlr_runtime/pcen.py`, two more fixed-size "
+            "state tensors)"
+        )
     norm = (
         f" minus its causal exponential mean over ~{cfg.feature_norm_s:g} s\n"
         "(per band, `dlr_runtime/feature_norm.py`: a fixed microphone or synthesizer colouring is "
@@ -323,7 +330,7 @@ def card(
     return f"""# speech-commands: streaming DLR keyword spotter (SC12, any voice, continuous streams)
 
 A causal DLR network for the ten commands plus `_silence_` and `_unknown_`. Each
-{cfg.frame_stride}-sample frame ({frame_ms} ms at {cfg.sample_rate} Hz) becomes a {cfg.n_mels}-band log-mel
+{cfg.frame_stride}-sample frame ({frame_ms} ms at {cfg.sample_rate} Hz) becomes a {cfg.n_mels}-band {bands}
 {spectrum}{norm},
 one linear map to {cfg.d_model} features, {cfg.n_layers} DLR blocks (N = {cfg.d_state}), and a classifier over an
 exponentially weighted mean of the last ~{cfg.pool_window_s} s of features (`dlr_runtime/heads.py`).

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ..export.realmath import unexportable
 from ..recurrent import RecurrentModel
 from .timing import per_call_seconds
 
@@ -49,12 +50,17 @@ def build(rec: RecurrentModel, name: str) -> Any:
 
 def default_candidates(rec: RecurrentModel) -> tuple[str, ...]:
     """What "auto" compares for `rec`: on CUDA torch-fast and onnx; on the CPU fused (with
-    numba), torch and onnx."""
+    numba), torch and onnx; a network without an exported graph, only those that run its
+    `RecurrentModel` (torch, fused)."""
     if rec.device.type == "cuda":
-        return ("torch-fast", "onnx")
-    from .fused import fused_supported  # noqa: PLC0415
+        names: tuple[str, ...] = ("torch-fast", "onnx")
+    else:
+        from .fused import fused_supported  # noqa: PLC0415
 
-    return ("fused", "torch", "onnx") if fused_supported(rec) is None else DEFAULT_CANDIDATES
+        names = ("fused", "torch", "onnx") if fused_supported(rec) is None else DEFAULT_CANDIDATES
+    if unexportable(rec.config):  # no graph: only the backends that run RecurrentModel's code
+        names = tuple(n for n in names if n not in ("torch-fast", "onnx")) or ("torch",)
+    return names
 
 
 def measure(backend: Any, batch_sizes: Sequence[int], reps: int) -> float:

@@ -35,6 +35,7 @@ import torch
 from ..config import DLRConfig
 from ..feature_norm import norm_decay
 from ..heads import pool_decay
+from ..pcen import pcen_decay
 from .header_schema import SnapshotHeaderError, parse_header_json, validate_header
 
 MAGIC = b"DLRSTATE"
@@ -224,13 +225,17 @@ def state_bounds(rec: Any) -> dict[str, torch.Tensor]:
 def config_bounds(cfg: DLRConfig) -> dict[str, torch.Tensor]:
     """What the config alone bounds (any backend): a decayed count c_t = a c_{t-1} + 1 stays
     in [0, 1 / (1 - a)] ("mean_count" of an exponential-window head, "feat_count" of the
-    feature normalisation); a feature sum stays within the generic cap per counted frame."""
+    feature normalisation, "pcen_count" of the PCEN smoother); a feature or energy sum stays
+    within the generic cap per counted frame."""
     out: dict[str, torch.Tensor] = {}
     if cfg.decoder == "classifier" and pool_decay(cfg) < 1.0:
         out["mean_count"] = torch.tensor(1.0 / (1.0 - pool_decay(cfg)), dtype=torch.float64)
     if cfg.encoder == "audio" and cfg.feature_norm_s:
         out["feat_count"] = torch.tensor(1.0 / (1.0 - norm_decay(cfg)), dtype=torch.float64)
         out["feat_sum"] = torch.full((cfg.feature_dim,), STATE_ABS_CAP, dtype=torch.float64)
+    if pcen_decay(cfg):
+        out["pcen_count"] = torch.tensor(1.0 / (1.0 - pcen_decay(cfg)), dtype=torch.float64)
+        out["pcen_sum"] = torch.full((cfg.n_mels,), STATE_ABS_CAP, dtype=torch.float64)
     return out
 
 
@@ -270,9 +275,12 @@ def check_state(row: dict[str, torch.Tensor], bounds: dict[str, torch.Tensor] | 
                 f"state snapshot tensor 'ssm' holds |x| = {worst:.3g}, beyond what this model "
                 f"reaches (at most {cap['ssm'].max().item():.3g} per element)"
             )
-    for count, total in (("mean_count", "mean_sum"), ("feat_count", "feat_sum")):
+    pairs = (("mean_count", "mean_sum"), ("feat_count", "feat_sum"), ("pcen_count", "pcen_sum"))
+    for count, total in pairs:
         if count in row:
             _check_count(row, count, total, cap)
+    if "pcen_sum" in row and (row["pcen_sum"] < 0).any():  # sums of energies: never negative
+        raise StateOutOfRange("state snapshot tensor 'pcen_sum' holds negative energies")
     for name in ("frame_buf", "frame_hist"):
         if name in row and (row[name].abs() > STATE_ABS_CAP).any():
             raise StateOutOfRange(f"state snapshot tensor '{name}' holds out-of-range samples")

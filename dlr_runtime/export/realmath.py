@@ -33,12 +33,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import DLRConfig
 from ..diagonal import chunk_tables, toeplitz
 from ..feature_norm import normalise_step
 from ..heads import pool_block_tables, pool_step
 from ..recurrent import RecurrentModel
 
 FLOAT_OF = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+
+
+def unexportable(cfg: DLRConfig) -> str | None:
+    """Why `cfg`'s network has no real-arithmetic graph (ONNX, Triton, torch-fast); None: it has."""
+    if cfg.encoder == "audio" and cfg.frontend == "pcen":
+        return (
+            "the PCEN front end (dlr_runtime/pcen.py) has no exported graph yet; "
+            "serve it with the torch or fused backend"
+        )
+    return None
 
 
 class RealCore(nn.Module):
@@ -52,6 +63,9 @@ class RealCore(nn.Module):
             raise ValueError(f"RealCore dtype must be float32 or float64, got {dtype}")
         if not 1 <= max_chunk <= 1024:
             raise ValueError(f"max_chunk must be in [1, 1024], got {max_chunk}")
+        reason = unexportable(rec.config)
+        if reason:
+            raise ValueError(reason)
         self.config = rec.config
         self.dtype = dtype
         self.max_chunk = max_chunk

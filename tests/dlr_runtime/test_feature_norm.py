@@ -18,9 +18,9 @@ import torch
 from dlr_runtime import DLRConfig, DLRModel, load_recurrent, save_checkpoint
 from dlr_runtime.backends import make_backend
 from dlr_runtime.engine import Engine
-from dlr_runtime.engine.snapshot import SnapshotError
 from dlr_runtime.feature_norm import normalise, normalise_chunk, normalise_step
 from dlr_runtime.state_spec import state_bytes, state_spec
+from tests.dlr_runtime.snapshot_checks import mid_frame_round_trip, refuses_bad_values
 from tests.dlr_runtime.test_frontend import LABELS, audio
 
 
@@ -83,7 +83,7 @@ def test_config_round_trip_and_refusals():
     with pytest.raises(ValueError, match="audio encoder only"):
         DLRConfig.preset("tiny-lm", feature_norm_s=1.0)
     model = DLRModel(cfg, seed=0)
-    with pytest.raises(ValueError, match="feature-normalisation state"):
+    with pytest.raises(ValueError, match="no front-end state"):
         model.encoder.encode_frames(torch.zeros(2, 40))
 
 
@@ -94,20 +94,7 @@ def test_checkpoint_and_snapshot_round_trip(tmp_path):
     rec = load_recurrent(tmp_path / "m")
     assert rec.config.feature_norm_s == 0.3
     eng = Engine(make_backend(rec, "torch"), "norm", 8)
-    x = torch.randn(4000, generator=torch.Generator().manual_seed(4)) * 0.3
-    a = eng.open()
-    eng.feed_audio([a], [x[:1250]])  # 7 frames done, 130 samples wait
-    assert float(eng.pool.row(a)["feat_count"]) > 1
-    blob = eng.snapshot(a)
-    ya = eng.feed_audio([a], [x[1250:]])[0]
-    b = eng.open()
-    eng.restore(b, blob)
-    yb = eng.feed_audio([b], [x[1250:]])[0]
-    assert torch.equal(ya, yb) and ya.shape[0] == 18  # 25 frames in all
-    for name, value in (("feat_count", 1e6), ("feat_count", -1.0), ("feat_sum", float("nan"))):
-        row = eng.pool.row(a)
-        keep = row[name].clone()
-        row[name].view(-1)[0] = value
-        with pytest.raises(SnapshotError, match=name):
-            eng.restore(eng.open(), eng.snapshot(a))
-        row[name].copy_(keep)
+    a = mid_frame_round_trip(eng, "feat_count")
+    refuses_bad_values(
+        eng, a, (("feat_count", 1e6), ("feat_count", -1.0), ("feat_sum", float("nan")))
+    )

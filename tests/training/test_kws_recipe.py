@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -106,6 +107,18 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     assert (rec.config.window, rec.config.history) == (640, 320)
     assert rec.init_state(1)["frame_hist"].shape == (1, 320)
     assert rec.config.feature_norm_s == 0.5 and rec.init_state(1)["feat_sum"].shape == (1, 40)
+    # the PCEN front end (warped per window while training, as log-mel): its per-band
+    # parameters are learnt and saved, and the streamed form carries its smoother's state
+    pc = tmp_path / "kws-pcen"
+    argv_pc = [a if a != str(out) else str(pc) for a in argv]
+    assert main([*argv_pc, "--steps", "2", "--frontend", "pcen"]) == 0
+    summary = json.loads((pc / "summary.json").read_text())
+    for form in ("complex64", "complex128"):
+        assert summary["streaming"][form]["final_prediction_agreement"] == 1.0
+    pcen_model = load_checkpoint(pc / "model")
+    assert pcen_model.config.frontend == "pcen"
+    assert not torch.equal(pcen_model.encoder.pcen.log_r, torch.full((40,), math.log(0.5)))
+    assert load_recurrent(pc / "model").init_state(1)["pcen_sum"].shape == (1, 40)
     assert main([*argv_win, "--steps", "1", "--frame-window", "100"]) == 2  # < frame stride
     assert "--frame-window must be 0 or >= --frame-stride" in capsys.readouterr().err
     assert main([*argv_win, "--steps", "1", "--freq-masks", "1", "--freq-mask-width", "41"]) == 2

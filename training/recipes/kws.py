@@ -90,8 +90,9 @@ class KWSOptions:
     cache_dir: str = "runs/sc12cache"  # clean-clip and room-impulse-response cache
     split: str = "final"  # final | loso-<engine> (training.data.splits.PRESETS)
     workers: int = 2  # processes rendering missing clips
-    frontend: str = "logmel"  # logmel | raw (the paper's raw samples)
-    n_mels: int = 40  # logmel: mel bands
+    frontend: str = "logmel"  # logmel | pcen (mel energies through a trainable PCEN,
+    # dlr_runtime/pcen.py) | raw (the paper's raw samples)
+    n_mels: int = 40  # logmel, pcen: mel bands
     frame_stride: int = 320  # samples per frame (320 = 20 ms)
     frame_window: int = 0  # samples the front end sees per frame (0: the frame alone; 640:
     # 40 ms Hann windows overlapping by half, dlr_runtime/frontend.py)
@@ -214,7 +215,7 @@ class WarpedFrontend:
         return self.cache[key]
 
     def features(self, frames: torch.Tensor, warps: torch.Tensor) -> torch.Tensor:
-        """Frame windows (B, F, W), warps (B,) -> log-mel (B, F, M)."""
+        """Frame windows (B, F, W), warps (B,) -> the front end's mel features (B, F, M)."""
         banks = torch.stack([self.bank(float(w)) for w in warps]).to(frames)  # (B, K, M)
         return self.fe.compress(torch.bmm(self.fe.power(frames), banks))
 
@@ -276,8 +277,8 @@ class KWSRecipe(Recipe):
     items_name = "windows"
 
     def __init__(self, opts: KWSOptions, model_opts: ModelOptions, train: TrainConfig) -> None:
-        if opts.frontend not in ("logmel", "raw"):
-            raise ValueError(f"--frontend must be logmel or raw, got {opts.frontend!r}")
+        if opts.frontend not in ("logmel", "pcen", "raw"):
+            raise ValueError(f"--frontend must be logmel, pcen or raw, got {opts.frontend!r}")
         if SAMPLE_RATE % opts.frame_stride:
             raise ValueError(f"--frame-stride must divide {SAMPLE_RATE}, got {opts.frame_stride}")
         if opts.frame_window and opts.frame_window < opts.frame_stride:
@@ -395,7 +396,7 @@ class KWSRecipe(Recipe):
             feature_norm_s=o.feature_norm_s,
         )
         model = DLRModel(cfg, seed=self.seed)
-        if o.frontend == "logmel" and o.vtlp:
+        if o.frontend in ("logmel", "pcen") and o.vtlp:
             self.warp = WarpedFrontend(model.encoder.frontend)
         return model
 
