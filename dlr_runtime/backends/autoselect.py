@@ -50,16 +50,15 @@ def build(rec: RecurrentModel, name: str) -> Any:
 
 def default_candidates(rec: RecurrentModel) -> tuple[str, ...]:
     """What "auto" compares for `rec`: on CUDA torch-fast and onnx; on the CPU fused (with
-    numba), torch and onnx; a network without an exported graph, only those that run its
-    `RecurrentModel` (torch, fused)."""
+    numba), torch and onnx; onnx only where the network has an exported graph."""
     if rec.device.type == "cuda":
         names: tuple[str, ...] = ("torch-fast", "onnx")
     else:
         from .fused import fused_supported  # noqa: PLC0415
 
         names = ("fused", "torch", "onnx") if fused_supported(rec) is None else DEFAULT_CANDIDATES
-    if unexportable(rec.config):  # no graph: only the backends that run RecurrentModel's code
-        names = tuple(n for n in names if n not in ("torch-fast", "onnx")) or ("torch",)
+    if unexportable(rec.config):  # no ONNX graph: only the backends that run its own code
+        names = tuple(n for n in names if n != "onnx")
     return names
 
 

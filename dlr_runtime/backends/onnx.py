@@ -7,7 +7,8 @@ layout of the state differs: the complex SSM state is carried as two float tenso
     "ssm_re", "ssm_im"   (B, L, H, N) float32 (or float64 for a float64 export)
 
 next to the same "frame_buf"/"frame_fill"/"frame_hist" (audio), "feat_sum"/"feat_count"
-(feature normalisation) and "mean_sum"/"mean_count" (classifier) tensors as `RecurrentModel`
+(feature normalisation), "pcen_sum"/"pcen_count" (PCEN front end) and "mean_sum"/"mean_count"
+(classifier) tensors as `RecurrentModel`
 (`state_spec.split_complex`). `from_canonical` / `to_canonical` convert between the two.
 
 State tensors are torch tensors on the backend's device and are bound to the ONNX Runtime
@@ -38,6 +39,8 @@ from ..state_spec import COMPLEX_OF, Spec, init_state, split_complex, state_byte
 
 State = dict[str, torch.Tensor]
 
+# float64 state tensors carried in and out of the graphs beside the complex state, by name
+FLOAT64_STATES = ("mean_sum", "mean_count", "feat_sum", "feat_count", "pcen_sum", "pcen_count")
 _NP_OF = {
     torch.float32: np.float32,
     torch.float64: np.float64,
@@ -253,8 +256,8 @@ class OnnxBackend:
             "state_re_out": torch.empty_like(state["ssm_re"]),
             "state_im_out": torch.empty_like(state["ssm_im"]),
         }
-        extra = [n for n in ("mean_sum", "mean_count", "feat_sum", "feat_count") if n in state]
-        for name in extra:  # classifier pooling, feature normalisation: f64 state in and out
+        extra = [n for n in FLOAT64_STATES if n in state]
+        for name in extra:  # classifier pooling, feature normalisation, PCEN: f64 in and out
             ins[name] = state[name]
             outs[f"{name}_out"] = torch.empty_like(state[name])
         self.graphs[graph].run(ins, outs)

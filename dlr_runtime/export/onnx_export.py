@@ -13,8 +13,9 @@ frame_stride samples, plus the history before them when windows overlap), F floa
     step   x (B,) int64 tokens | (B, W) F audio window, state_re, state_im (B, L, H, N) F
            [mean_sum (B, H) f64, mean_count (B,) f64]   (classifier decoder)
            [feat_sum (B, F) f64, feat_count (B,) f64]   (audio with feature normalisation)
+           [pcen_sum (B, M) f64, pcen_count (B,) f64]   (audio, PCEN front end)
         -> y (B, V | C), state_re_out, state_im_out, [mean_sum_out, mean_count_out],
-           [feat_sum_out, feat_count_out]
+           [feat_sum_out, feat_count_out | pcen_sum_out, pcen_count_out]
     chunk  x (B, T) int64 | (B, T, W) F, same state     -> y (B, T, V | C), same state outputs
     scores mean_sum (B, H) f64, mean_count (B,) f64     -> scores (B, C)
 
@@ -49,6 +50,7 @@ from .realmath import (
     NormClassifierChunk,
     NormClassifierStep,
     RealCore,
+    unexportable,
 )
 
 MANIFEST = "manifest.json"
@@ -59,6 +61,17 @@ MEAN_IN = ["mean_sum", "mean_count"]
 MEAN_OUT = ["mean_sum_out", "mean_count_out"]
 FEAT_IN = ["feat_sum", "feat_count"]
 FEAT_OUT = ["feat_sum_out", "feat_count_out"]
+PCEN_IN = ["pcen_sum", "pcen_count"]
+PCEN_OUT = ["pcen_sum_out", "pcen_count_out"]
+
+
+def front_state(cfg: DLRConfig) -> tuple[list[str], list[str]] | None:
+    """Input and output names of the front end's state in the graphs (None: it has none)."""
+    if cfg.encoder == "audio" and cfg.frontend == "pcen":
+        return PCEN_IN, PCEN_OUT
+    if cfg.feature_norm_s:
+        return FEAT_IN, FEAT_OUT
+    return None
 
 
 def graph_names(cfg: DLRConfig) -> dict[str, list[str]]:
@@ -66,8 +79,9 @@ def graph_names(cfg: DLRConfig) -> dict[str, list[str]]:
     ins, outs = ["x", *STATE_IN], ["y", *STATE_OUT]
     if cfg.decoder == "classifier":
         ins, outs = ins + MEAN_IN, outs + MEAN_OUT
-    if cfg.feature_norm_s:
-        ins, outs = ins + FEAT_IN, outs + FEAT_OUT
+    front = front_state(cfg)
+    if front:
+        ins, outs = ins + front[0], outs + front[1]
     return {"inputs": ins, "outputs": outs}
 
 
@@ -94,9 +108,9 @@ def example_inputs(
             torch.full((batch,), 3.0, dtype=torch.float64),
         ]
         dyn += [{0: bdim}, {0: bdim}]
-    if cfg.feature_norm_s:
+    if front_state(cfg):  # (sums of energies are never negative)
         args += [
-            torch.randn(batch, cfg.feature_dim, dtype=torch.float64),
+            torch.randn(batch, cfg.feature_dim, dtype=torch.float64).abs(),
             torch.full((batch,), 2.0, dtype=torch.float64),
         ]
         dyn += [{0: bdim}, {0: bdim}]
@@ -108,7 +122,7 @@ def graph_modules(core: RealCore) -> tuple[nn.Module, nn.Module]:
     cfg = core.config
     if cfg.decoder != "classifier":
         return LMStep(core), LMChunk(core)
-    if cfg.feature_norm_s:
+    if front_state(cfg):
         return NormClassifierStep(core), NormClassifierChunk(core)
     return ClassifierStep(core), ClassifierChunk(core)
 
@@ -153,6 +167,9 @@ def export_onnx(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dtype = FLOAT_OF[rec.cdtype] if dtype is None else dtype
+    reason = unexportable(rec.config)
+    if reason:
+        raise ValueError(reason)
     core = RealCore(rec, dtype=dtype, max_chunk=max_chunk)
     cfg = rec.config
     names = graph_names(cfg)

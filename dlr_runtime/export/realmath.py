@@ -42,11 +42,15 @@ from ..recurrent import RecurrentModel
 FLOAT_OF = {torch.complex64: torch.float32, torch.complex128: torch.float64}
 
 
-def unexportable(cfg: DLRConfig) -> str | None:
-    """Why `cfg`'s network has no real-arithmetic graph (ONNX, Triton, torch-fast); None: it has."""
-    if cfg.encoder == "audio" and cfg.frontend == "pcen":
+def unexportable(cfg: DLRConfig, triton: bool = False) -> str | None:
+    """Why `cfg`'s network has no exported graph (ONNX; Triton's with `triton`); None: it has."""
+    if cfg.encoder != "audio" or cfg.frontend != "pcen":
+        return None
+    if triton:
+        return "the PCEN front end (dlr_runtime/pcen.py) has no Triton graph yet"
+    if cfg.feature_norm_s:
         return (
-            "the PCEN front end (dlr_runtime/pcen.py) has no exported graph yet; "
+            "the PCEN front end together with feature normalisation has no exported graph; "
             "serve it with the torch or fused backend"
         )
     return None
@@ -63,9 +67,6 @@ class RealCore(nn.Module):
             raise ValueError(f"RealCore dtype must be float32 or float64, got {dtype}")
         if not 1 <= max_chunk <= 1024:
             raise ValueError(f"max_chunk must be in [1, 1024], got {max_chunk}")
-        reason = unexportable(rec.config)
-        if reason:
-            raise ValueError(reason)
         self.config = rec.config
         self.dtype = dtype
         self.max_chunk = max_chunk
@@ -105,6 +106,11 @@ class RealCore(nn.Module):
         w, carry = pool_block_tables(self.norm_decay or 1.0, max_chunk)
         self.register_buffer("norm_w", w)  # (Tm, Tm)
         self.register_buffer("norm_carry", carry)  # (Tm,)
+        # PCEN (dlr_runtime/pcen.py): the tables of its smoother's decay
+        self.pcen = self.encoder.pcen if self.config.encoder == "audio" else None
+        w, carry = pool_block_tables(self.pcen.decay if self.pcen is not None else 1.0, max_chunk)
+        self.register_buffer("pcen_w", w)  # (Tm, Tm)
+        self.register_buffer("pcen_carry", carry)  # (Tm,)
         self.requires_grad_(False)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
@@ -117,9 +123,17 @@ class RealCore(nn.Module):
     def encode_norm(
         self, x: torch.Tensor, feat_sum: torch.Tensor, feat_count: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Audio frames (B, W) or (B, T, W) with feature normalisation from its state
-        feat_sum (B, F) f64, feat_count (B,) f64 -> (h (B, [T,] H), new feat_sum, feat_count)."""
+        """Audio frames (B, W) or (B, T, W) through a front end with a state: PCEN's smoother
+        or the feature normalisation, its sums (B, F) f64 and counts (B,) f64 -> (h (B, [T,] H),
+        new sums, new counts)."""
         f = self.encoder.frontend(x)  # (B, [T,] F)
+        if self.pcen is not None:
+            if f.dim() == 2:
+                g, fs, fc = self.pcen.step(f, feat_sum, feat_count)
+                return self.encoder.frame(g), fs, fc
+            sums, counts = _decayed_sums(f, feat_sum, feat_count, self.pcen_w, self.pcen_carry)
+            g = self.pcen.compress(f.to(torch.float64), sums / counts.unsqueeze(-1))
+            return self.encoder.frame(g.to(self.dtype)), sums[:, -1], counts[:, -1]
         if f.dim() == 2:
             g, fs, fc = normalise_step(f, feat_sum, feat_count, self.norm_decay)
             return self.encoder.frame(g), fs, fc

@@ -37,7 +37,7 @@ from torch import nn
 from torch.export import Dim
 
 from ..recurrent import RecurrentModel
-from .realmath import RealCore
+from .realmath import RealCore, unexportable
 
 IDLE_TIMEOUT_US = 60_000_000  # a sequence idle for 60 s is dropped and its state freed
 
@@ -188,6 +188,9 @@ def _step_module(cfg) -> type[TritonLMStep]:
 def export_triton_onnx(rec: RecurrentModel, path: Path) -> Path:
     """Export the Triton step graph of `rec` (float32) to `path` and check it."""
     cfg = rec.config
+    reason = unexportable(cfg, triton=True)
+    if reason:
+        raise ValueError(reason)
     core = RealCore(rec, torch.float32, max_chunk=1)
     io = triton_io(rec)
     b = 2

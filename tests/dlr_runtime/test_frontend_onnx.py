@@ -1,4 +1,5 @@
-"""The log-mel front end, the exponential-window head and the feature normalisation through ONNX
+"""The log-mel front end, the exponential-window head, the feature normalisation and the PCEN
+front end (per-band parameters drawn at random) through ONNX
 export and ONNX Runtime, against the torch recurrent form (float32 graphs: 1e-4, as in
 test_onnx_backend.py; float64 graphs: 1e-7, their GELU's erf runs in float32, realmath.py)."""
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from dlr_runtime import DLRConfig, DLRModel, to_recurrent
+from tests.dlr_runtime.test_pcen import randomise
 
 pytest.importorskip("onnxruntime")
 from dlr_runtime.backends.onnx import OnnxBackend  # noqa: E402
@@ -23,16 +25,25 @@ CFG = DLRConfig(
 
 
 NORM = replace(CFG, feature_norm_s=0.05)
+PCEN = replace(CFG, frontend="pcen")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "cfg, cdtype, tol",
-    [(CFG, torch.complex64, TOL), (NORM, torch.complex64, TOL), (NORM, torch.complex128, 1e-7)],
-    ids=["window", "feature-norm", "feature-norm-f64"],
+    [
+        (CFG, torch.complex64, TOL),
+        (NORM, torch.complex64, TOL),
+        (NORM, torch.complex128, 1e-7),
+        (PCEN, torch.complex64, TOL),
+        (PCEN, torch.complex128, 1e-7),
+    ],
+    ids=["window", "feature-norm", "feature-norm-f64", "pcen", "pcen-f64"],
 )
 def test_chunks_and_steps_match_torch(tmp_path, cfg, cdtype, tol):
     model = DLRModel(cfg, seed=3)
+    if cfg.frontend == "pcen":
+        randomise(model.encoder.pcen, 5)
     rec = to_recurrent(model.double() if cdtype == torch.complex128 else model, dtype=cdtype)
     be = OnnxBackend.from_recurrent(rec, tmp_path, max_chunk=8)
     assert set(be.to_canonical(be.init_state(1))) == set(rec.init_state(1))

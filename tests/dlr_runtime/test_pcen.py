@@ -7,13 +7,14 @@
 - what it is for: a gain change of the microphone barely moves the features (alpha near 1),
   and stationary noise is compressed to about the same level whatever its loudness;
 - the state layout, snapshots (mid-frame round trip, impossible values refused), the config's
-  round trip and refusals, and the backends: no exported graph yet, so the real-arithmetic
-  core refuses it by name and "auto" does not try ONNX.
+  round trip and refusals, and the exported graphs: ONNX (its agreement with torch is in
+  test_frontend_onnx.py), none yet for Triton or for PCEN with the feature normalisation.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +23,8 @@ from dlr_runtime import DLRConfig, DLRModel, load_recurrent, reference_forward, 
 from dlr_runtime.backends import make_backend
 from dlr_runtime.backends.autoselect import default_candidates
 from dlr_runtime.engine import Engine
-from dlr_runtime.export.realmath import RealCore
+from dlr_runtime.export.onnx_export import export_onnx, graph_names
+from dlr_runtime.export.triton import export_triton_onnx
 from dlr_runtime.pcen import INIT_DELTA, INIT_R, PCEN, pcen_decay
 from dlr_runtime.recurrent import to_recurrent
 from dlr_runtime.state_spec import state_bytes, state_spec
@@ -139,11 +141,19 @@ def test_checkpoint_and_snapshot_round_trip(tmp_path):
     refuses_bad_values(eng, a, (*bad, ("pcen_sum", -1.0)))
 
 
-def test_no_exported_graph_yet_and_auto_skips_onnx():
+def test_exported_graphs_onnx_only_and_auto_knows():
+    """ONNX graphs carry PCEN's state (compared with torch in test_frontend_onnx.py); Triton's
+    and PCEN with the feature normalisation have none yet: refused by name, and "auto" does
+    not try ONNX for the latter."""
     rec = to_recurrent(DLRModel(config(), seed=0))
-    with pytest.raises(ValueError, match="PCEN front end .* no exported graph"):
-        RealCore(rec)
-    names = default_candidates(rec)
-    assert "onnx" not in names and "torch-fast" not in names and names
-    plain = to_recurrent(DLRModel(config(frontend="logmel"), seed=0))
-    assert "onnx" in default_candidates(plain)
+    assert graph_names(rec.config)["inputs"][-2:] == ["pcen_sum", "pcen_count"]
+    assert "onnx" in default_candidates(rec)
+    with pytest.raises(ValueError, match="PCEN front end .* no Triton graph"):
+        export_triton_onnx(rec, Path("unused.onnx"))
+    both = to_recurrent(DLRModel(config(feature_norm_s=0.1), seed=0))
+    with pytest.raises(ValueError, match="PCEN front end together with feature normalisation"):
+        export_onnx(both, Path("unused"))
+    assert "onnx" not in default_candidates(both) and default_candidates(both)
+    fast = make_backend(rec, "torch-fast")  # audio: the model's own code, as the torch backend
+    x = audio(1, 40 * 20, dtype=torch.float32)
+    assert torch.equal(fast.chunk(x, fast.init_state(1))[0], rec.chunk(x, rec.init_state(1))[0])

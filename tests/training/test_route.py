@@ -145,3 +145,15 @@ def test_the_shipped_route_file_loads_and_names_its_stages(capsys: pytest.Captur
     assert "--init-from x/base/model" in lines[1] and lines[3].endswith(
         "x/morphs x/engines_balanced"
     )
+
+
+def test_the_pcen_route_differs_from_the_shipped_one_by_its_front_end_only():
+    shipped = load_route(ROUTE_FILES / "speech-commands.toml")
+    pcen = load_route(ROUTE_FILES / "speech-commands-pcen.toml")
+    out = Path("x")
+    for stage in ("base_args", "soup_args"):
+        a, b = getattr(shipped, stage)(out), getattr(pcen, stage)(out)
+        assert [w for w in b if w not in ("--frontend", "pcen")] == a
+    for name in shipped.fine_tunes:
+        a, b = shipped.fine_tune_args(out, name), pcen.fine_tune_args(out, name)
+        assert b.count("pcen") == 1 and [w for w in b if w not in ("--frontend", "pcen")] == a
