@@ -66,8 +66,12 @@ class PCEN(nn.Module):
         return (e * gain + delta).pow(r) - delta.pow(r)
 
     def forward(self, e: torch.Tensor) -> torch.Tensor:
-        """Offline: energies of whole streams (B, T, M) from their start -> (B, T, M)."""
-        return self.compress(e, pooled(e, self.decay))
+        """Offline: energies of whole streams (B, T, M) from their start -> (B, T, M); never
+        under a half-precision autocast (energies span decades: float32 at least)."""
+        with torch.autocast(device_type=e.device.type, enabled=False):
+            if e.dtype in (torch.float16, torch.bfloat16):
+                e = e.float()
+            return self.compress(e, pooled(e, self.decay))
 
     def chunk(
         self, e: torch.Tensor, s0: torch.Tensor, c0: torch.Tensor

@@ -157,3 +157,16 @@ def test_exported_graphs_onnx_only_and_auto_knows():
     fast = make_backend(rec, "torch-fast")  # audio: the model's own code, as the torch backend
     x = audio(1, 40 * 20, dtype=torch.float32)
     assert torch.equal(fast.chunk(x, fast.init_state(1))[0], rec.chunk(x, rec.init_state(1))[0])
+
+
+def test_offline_form_stays_out_of_half_precision_autocast():
+    pcen = PCEN(6, 0.95)
+    e = torch.rand(2, 40, 6) * 1e3 + 1e-3
+    with torch.no_grad():
+        want = pcen(e)
+        with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+            got = pcen(e.bfloat16())
+            again = pcen(e.bfloat16().float())
+    assert got.dtype == torch.float32
+    assert torch.allclose(got, again, atol=1e-6)
+    assert float((got - want).abs().max()) < 0.05 * float(want.abs().max())
