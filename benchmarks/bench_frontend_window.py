@@ -1,15 +1,17 @@
-"""What overlapping front-end windows cost a speech stream: the shipped speech model's weights
-with each 20 ms frame's log-mel taken over the frame alone (as shipped) or over a 40 ms Hann
-window ending with it (`DLRConfig.frame_window=640`; the state keeps the 320 samples before the
-frame).
+"""What a front-end variant costs a speech stream: the shipped speech model's weights with each
+20 ms frame's log-mel taken over the frame alone (as shipped, the baseline) or, `--variant
+window`, over a 40 ms Hann window ending with it (`DLRConfig.frame_window=640`; the state keeps
+the 320 samples before the frame), or, `--variant pcen`, with the frame's mel energies through
+the PCEN front end (`dlr_runtime/pcen.py`, at its initial per-band values: the cost does not
+depend on them; the state keeps each band's smoothed energy).
 
 Per batch of streams (1, 16, 64): median seconds per 100 ms chunk (5 frames, the server's
 piece) through the engine's speech backend for each front end, measured in alternating rounds
-in one process (best round kept), the ratio window / frame, the front end alone (log-mel of
-the chunk's frames), and the state bytes per session.
+in one process (best round kept), the ratio variant / frame, the front end alone (the chunk's
+frames through the front end and, for PCEN, its compression), and the state bytes per session.
 
-    nice -n 10 .venv/bin/python -m benchmarks.bench_frontend_window [--backend fused|torch]
-        [--rounds 3] [--results benchmarks/RESULTS.md]
+    nice -n 10 .venv/bin/python -m benchmarks.bench_frontend_window [--variant window|pcen]
+        [--backend fused|torch] [--rounds 3] [--results benchmarks/RESULTS.md]
 """
 
 from __future__ import annotations
@@ -29,28 +31,53 @@ BATCHES = (1, 16, 64)
 CHUNK = 1600  # samples: 100 ms at 16 kHz
 
 
-def backends(model_dir: str, kind: str) -> dict[str, tuple[RecurrentModel, Backend]]:
-    """The same weights behind both front ends: name -> (recurrent form, the engine's backend)."""
+TITLES = {
+    "window": "Speech front end: overlapping windows (bench_frontend_window)",
+    "pcen": "Speech front end: PCEN (bench_frontend_window --variant pcen)",
+}
+
+
+def backends(model_dir: str, kind: str, variant: str) -> dict[str, tuple[RecurrentModel, Backend]]:
+    """The same weights behind both front ends: "frame" (as shipped) and `variant` ->
+    (recurrent form, the engine's backend)."""
     base = load_checkpoint(model_dir).eval()
+    cfg = base.config
+    other = (
+        replace(cfg, frame_window=2 * cfg.frame_stride)
+        if variant == "window"
+        else replace(cfg, frontend="pcen")
+    )
     out = {}
-    for name, window in (("frame", 0), ("window", 2 * base.config.frame_stride)):
-        m = DLRModel(replace(base.config, frame_window=window))
-        m.load_state_dict(base.state_dict())
+    for name, c in (("frame", replace(cfg, frontend="logmel", frame_window=0)), (variant, other)):
+        m = DLRModel(c)
+        m.load_state_dict(base.state_dict(), strict=False)  # (PCEN's parameters: initial)
         rec = to_recurrent(m.eval())
         out[name] = (rec, make_backend(rec, kind))
     return out
 
 
+def front_end(rec: RecurrentModel, x: torch.Tensor) -> torch.Tensor:
+    """The chunk's whole frames through the front end (and PCEN's compression, from zeros)."""
+    cfg = rec.config
+    feats = rec.encoder.frontend(frames_of(x, cfg.frame_stride, cfg.history))
+    if rec.encoder.pcen is None:
+        return feats
+    zeros = torch.zeros(x.shape[0], cfg.n_mels, dtype=torch.float64)
+    return rec.encoder.pcen.chunk(feats, zeros, torch.zeros(x.shape[0], dtype=torch.float64))[0]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(ROOT / "models" / "speech-commands"))
+    ap.add_argument("--variant", default="window", choices=sorted(TITLES))
     ap.add_argument("--backend", default="fused", choices=["fused", "torch"])
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (best kept)")
     ap.add_argument("--budget", type=float, default=0.5, help="seconds per point per round")
     ap.add_argument("--results", default=None, help="append a section to this markdown file")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    bes = backends(args.model, args.backend)
+    bes = backends(args.model, args.backend, args.variant)
+    v = args.variant
     g = torch.Generator().manual_seed(0)
     rows = []
     for b in BATCHES:
@@ -62,36 +89,32 @@ def main() -> None:
                 state = be.init_state(b)
                 sec, _ = time_calls(lambda be=be, s=state, x=x: be.chunk(x, s), args.budget)
                 best[name] = min(best.get(name, float("inf")), sec)
-                cfg = rec.config
-                frames = frames_of(x, cfg.frame_stride, cfg.history)
-                fe = rec.encoder.frontend
-                sec, _ = time_calls(lambda fe=fe, f=frames: fe(f), args.budget)
+                with torch.no_grad():
+                    sec, _ = time_calls(lambda r=rec, x=x: front_end(r, x), args.budget)
                 fe_best[name] = min(fe_best.get(name, float("inf")), sec)
         rows.append(
-            [b, 1e3 * best["frame"], 1e3 * best["window"], best["window"] / best["frame"],
-             1e3 * fe_best["frame"], 1e3 * fe_best["window"]]
+            [b, 1e3 * best["frame"], 1e3 * best[v], best[v] / best["frame"],
+             1e3 * fe_best["frame"], 1e3 * fe_best[v]]
         )  # fmt: skip
     state_kb = {n: rec.state_bytes() / 1024 for n, (rec, _) in bes.items()}
     body = (
         f"model `{args.model}` weights, backend `{args.backend}`, 100 ms chunks (5 frames); "
-        f"state per session: frame {state_kb['frame']:.1f} KiB, window {state_kb['window']:.1f} "
+        f"state per session: frame {state_kb['frame']:.2f} KiB, {v} {state_kb[v]:.2f} "
         f"KiB; {machine()}\n\n"
         + md_table(
             [
                 "streams",
                 "frame: ms/chunk",
-                "window: ms/chunk",
-                "window / frame",
+                f"{v}: ms/chunk",
+                f"{v} / frame",
                 "front end, frame: ms",
-                "front end, window: ms",
+                f"front end, {v}: ms",
             ],
             rows,
         )  # fmt: skip
     )
     print(body)
-    append_results(
-        args.results, "Speech front end: overlapping windows (bench_frontend_window)", body
-    )
+    append_results(args.results, TITLES[v], body)
 
 
 if __name__ == "__main__":
