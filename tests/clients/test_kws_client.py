@@ -60,6 +60,7 @@ def test_library_yields_typed_detections_then_the_final(kws_server, words_wav):
     assert {e.label for e in only if isinstance(e, Detection)} == {dets[0].label}
 
 
+@pytest.mark.slow  # (3.5 s: kept out of the quick lane)
 def test_configure_mid_stream_round_trip(kws_server, tmp_path):
     short = tmp_path / "first-words.wav"  # the first 3.5 s: a word fires, then configure
     sf.write(short, words()[: int(3.5 * RATE)], RATE, subtype="PCM_16")

@@ -82,6 +82,7 @@ def check(drift: dict[str, dict[int, float]], c64_bound: float) -> None:
     assert drift["c64"][last] > drift["c64"][min(drift["c64"])]
 
 
+@pytest.mark.slow  # (4 s; the full suite runs it beside the 256k-step version)
 def test_recurrent_step_precision_quick() -> None:
     check(drifts(lambda rec: rec, QUICK), c64_bound=1e-2)
 
