@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlr_runtime import load_checkpoint, load_recurrent
+from dlr_runtime import DLRModel, load_checkpoint, load_recurrent
 from dlr_runtime.kws import KWSConfig
 from training.cli import main
 from training.data.rooms import rir_bank
@@ -119,6 +119,18 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     assert pcen_model.config.frontend == "pcen"
     assert not torch.equal(pcen_model.encoder.pcen.log_r, torch.full((40,), math.log(0.5)))
     assert load_recurrent(pc / "model").init_state(1)["pcen_sum"].shape == (1, 40)
+    # --pcen-fixed: the paper's fixed PCEN; the rest of the model still learns
+    fx = tmp_path / "kws-pcen-fixed"
+    argv_fx = [a if a != str(out) else str(fx) for a in argv]
+    assert main([*argv_fx, "--steps", "2", "--frontend", "pcen", "--pcen-fixed"]) == 0
+    fixed = load_checkpoint(fx / "model")
+    assert torch.equal(fixed.encoder.pcen.log_alpha, torch.full((40,), math.log(0.98)))
+    assert torch.equal(fixed.encoder.pcen.log_delta, torch.full((40,), math.log(2.0)))
+    assert torch.equal(fixed.encoder.pcen.log_r, torch.full((40,), math.log(0.5)))
+    start = DLRModel(fixed.config, seed=0)  # the recipe's initialisation (seed 0)
+    assert not torch.equal(fixed.encoder.frame.weight, start.encoder.frame.weight)
+    assert main([*argv_win, "--steps", "1", "--pcen-fixed"]) == 2  # log-mel: nothing to fix
+    assert "--pcen-fixed needs --frontend pcen" in capsys.readouterr().err
     assert main([*argv_win, "--steps", "1", "--frame-window", "100"]) == 2  # < frame stride
     assert "--frame-window must be 0 or >= --frame-stride" in capsys.readouterr().err
     assert main([*argv_win, "--steps", "1", "--freq-masks", "1", "--freq-mask-width", "41"]) == 2

@@ -157,3 +157,15 @@ def test_the_pcen_route_differs_from_the_shipped_one_by_its_front_end_only():
     for name in shipped.fine_tunes:
         a, b = shipped.fine_tune_args(out, name), pcen.fine_tune_args(out, name)
         assert b.count("pcen") == 1 and [w for w in b if w not in ("--frontend", "pcen")] == a
+
+
+def test_the_fixed_pcen_route_differs_from_the_pcen_one_by_the_fixed_flag_only():
+    learnt = load_route(ROUTE_FILES / "speech-commands-pcen.toml")
+    fixed = load_route(ROUTE_FILES / "speech-commands-pcen-fixed.toml")
+    out = Path("x")
+    stages = [("base_args", ()), ("soup_args", ())]
+    stages += [("fine_tune_args", (name,)) for name in learnt.fine_tunes]
+    for stage, name in stages:
+        a, b = getattr(learnt, stage)(out, *name), getattr(fixed, stage)(out, *name)
+        at = a.index("pcen") + 1 if "pcen" in a else len(a)  # the soup has no front end
+        assert b == (a if at == len(a) else [*a[:at], "--pcen-fixed", *a[at:]])

@@ -92,6 +92,7 @@ class KWSOptions:
     workers: int = 2  # processes rendering missing clips
     frontend: str = "logmel"  # logmel | pcen (mel energies through a trainable PCEN,
     # dlr_runtime/pcen.py) | raw (the paper's raw samples)
+    pcen_fixed: bool = False  # pcen: keep alpha, delta and r at the paper's values (not learnt)
     n_mels: int = 40  # logmel, pcen: mel bands
     frame_stride: int = 320  # samples per frame (320 = 20 ms)
     frame_window: int = 0  # samples the front end sees per frame (0: the frame alone; 640:
@@ -279,6 +280,8 @@ class KWSRecipe(Recipe):
     def __init__(self, opts: KWSOptions, model_opts: ModelOptions, train: TrainConfig) -> None:
         if opts.frontend not in ("logmel", "pcen", "raw"):
             raise ValueError(f"--frontend must be logmel, pcen or raw, got {opts.frontend!r}")
+        if opts.pcen_fixed and opts.frontend != "pcen":
+            raise ValueError("--pcen-fixed needs --frontend pcen")
         if SAMPLE_RATE % opts.frame_stride:
             raise ValueError(f"--frame-stride must divide {SAMPLE_RATE}, got {opts.frame_stride}")
         if opts.frame_window and opts.frame_window < opts.frame_stride:
@@ -396,6 +399,8 @@ class KWSRecipe(Recipe):
             feature_norm_s=o.feature_norm_s,
         )
         model = DLRModel(cfg, seed=self.seed)
+        if o.pcen_fixed:  # out of the optimiser (optim.param_groups), so also of weight decay
+            model.encoder.pcen.requires_grad_(False)
         if o.frontend in ("logmel", "pcen") and o.vtlp:
             self.warp = WarpedFrontend(model.encoder.frontend)
         return model
