@@ -12,6 +12,7 @@ import torch
 
 from dlr_runtime import DLRModel, load_checkpoint, load_recurrent
 from dlr_runtime.kws import KWSConfig
+from dlr_runtime.pcen import INIT_ALPHA, INIT_DELTA, INIT_R
 from training.cli import main
 from training.data.rooms import rir_bank
 from training.data.sc12 import SIL, UNK
@@ -124,9 +125,9 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     argv_fx = [a if a != str(out) else str(fx) for a in argv]
     assert main([*argv_fx, "--steps", "2", "--frontend", "pcen", "--pcen-fixed"]) == 0
     fixed = load_checkpoint(fx / "model")
-    assert torch.equal(fixed.encoder.pcen.log_alpha, torch.full((40,), math.log(0.98)))
-    assert torch.equal(fixed.encoder.pcen.log_delta, torch.full((40,), math.log(2.0)))
-    assert torch.equal(fixed.encoder.pcen.log_r, torch.full((40,), math.log(0.5)))
+    assert torch.equal(fixed.encoder.pcen.log_alpha, torch.full((40,), math.log(INIT_ALPHA)))
+    assert torch.equal(fixed.encoder.pcen.log_delta, torch.full((40,), math.log(INIT_DELTA)))
+    assert torch.equal(fixed.encoder.pcen.log_r, torch.full((40,), math.log(INIT_R)))
     start = DLRModel(fixed.config, seed=0)  # the recipe's initialisation (seed 0)
     assert not torch.equal(fixed.encoder.frame.weight, start.encoder.frame.weight)
     assert main([*argv_win, "--steps", "1", "--pcen-fixed"]) == 2  # log-mel: nothing to fix
