@@ -18,7 +18,9 @@ InitKind = Literal["omega", "random"]
 NormKind = Literal["layernorm", "rmsnorm", "none"]
 EncoderKind = Literal["tokens", "audio"]
 DecoderKind = Literal["lm", "classifier"]
-FrontendKind = Literal["raw", "logmel", "pcen"]
+FrontendKind = Literal["raw", "logmel", "pcen", "logmel_pcen"]
+FRONTENDS: tuple[FrontendKind, ...] = ("raw", "logmel", "pcen", "logmel_pcen")
+PCEN_FRONTENDS = ("pcen", "logmel_pcen")  # the front ends with a PCEN stage (pcen.py)
 
 SC10_LABELS = ["yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go"]
 _SPEECH = {"encoder": "audio", "decoder": "classifier", "sample_rate": 16000, "frame_stride": 160}
@@ -74,9 +76,10 @@ class DLRConfig:
     # more: the frame plus the end of the previous ones, overlapping windows; frontend.py)
     decoder: DecoderKind = "lm"  # lm: logits at every position; classifier: running-mean head
     labels: list[str] = field(default_factory=list)  # classifier: class names (n_classes)
-    frontend: FrontendKind = "raw"  # audio: per-frame front end (raw | logmel | pcen),
-    # frontend.py; pcen: mel energies through a causal, trainable PCEN (pcen.py)
-    n_mels: int = 40  # audio, logmel front end: mel bands per frame
+    frontend: FrontendKind = "raw"  # audio: per-frame front end (raw | logmel | pcen |
+    # logmel_pcen), frontend.py; pcen: mel energies through a causal, trainable PCEN (pcen.py);
+    # logmel_pcen: the log-mel features and the PCEN ones side by side (2 * n_mels)
+    n_mels: int = 40  # audio, mel front ends: mel bands per frame
     pool_window_s: float = 0.0  # classifier: 0 = running mean; > 0 = exp. window (s), heads.py
     feature_norm_s: float = 0.0  # audio: subtract the causal exp. mean (time constant, s) of
     # each front-end feature before the frame map; 0 = off (feature_norm.py)
@@ -98,7 +101,7 @@ class DLRConfig:
             "norm": ("layernorm", "rmsnorm", "none"),
             "encoder": ("tokens", "audio"),
             "decoder": ("lm", "classifier"),
-            "frontend": ("raw", "logmel", "pcen"),
+            "frontend": FRONTENDS,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -151,8 +154,16 @@ class DLRConfig:
 
     @property
     def feature_dim(self) -> int:
-        """Features per frame out of the audio front end (n_mels, or the window's samples)."""
-        return self.window if self.frontend == "raw" else self.n_mels
+        """Features per frame into the frame projection: the window's samples (raw), n_mels
+        (logmel, pcen) or both compressions of the mel energies side by side (logmel_pcen)."""
+        if self.frontend == "raw":
+            return self.window
+        return 2 * self.n_mels if self.frontend == "logmel_pcen" else self.n_mels
+
+    @property
+    def has_pcen(self) -> bool:
+        """Whether the audio front end has a PCEN stage, with its smoother's state (pcen.py)."""
+        return self.encoder == "audio" and self.frontend in PCEN_FRONTENDS
 
     @property
     def n_classes(self) -> int:

@@ -15,6 +15,8 @@ in the state ("frame_hist", `framing.py`); a stream starts with a history of zer
   scaled to roughly unit range.
 - ``pcen``: the same mel energies without the log (`MelEnergy`); the audio encoder compresses
   them with a causal per-channel energy normalisation (`pcen.py`), which has a state.
+- ``logmel_pcen``: the mel energies (`MelEnergy`) compressed both ways, the ``logmel``
+  features followed by the PCEN ones (2 * n_mels per frame; `pcen.py`).
 
 The front end itself is position-wise with no state: a frame is encoded once its last sample
 has arrived, exactly in every form (offline, chunk, step). Every table is a non-persistent
@@ -32,12 +34,17 @@ import math
 import torch
 from torch import nn
 
-from .config import DLRConfig
+from .config import PCEN_FRONTENDS, DLRConfig
 
 LOG_EPS = 1e-6  # floor inside the log: -13.8 for digital silence
 LOG_SHIFT = 6.0  # (log(mel) + LOG_SHIFT) / LOG_SCALE keeps speech and silence within ~[-2, 2]
 LOG_SCALE = 4.0
 F_MIN = 20.0
+
+
+def log_compress(mel: torch.Tensor) -> torch.Tensor:
+    """Mel energies (..., M) -> the log-mel features (..., M), scaled to roughly unit range."""
+    return (torch.log(mel + LOG_EPS) + LOG_SHIFT) / LOG_SCALE
 
 
 def hz_to_mel(f: torch.Tensor | float) -> torch.Tensor:
@@ -123,7 +130,7 @@ class LogMel(nn.Module):
 
     def compress(self, mel: torch.Tensor) -> torch.Tensor:
         """Mel energies (..., M) -> scaled log (..., M)."""
-        return (torch.log(mel + LOG_EPS) + LOG_SHIFT) / LOG_SCALE
+        return log_compress(mel)
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         return self.compress(self.power(frames) @ self.fbank)
@@ -151,6 +158,6 @@ def make_frontend(cfg: DLRConfig) -> nn.Module:
     """The front end named by `cfg.frontend` (it exposes `out_dim`)."""
     if cfg.frontend == "logmel":
         return LogMel(cfg.window, cfg.frame_stride, cfg.sample_rate, cfg.n_mels)
-    if cfg.frontend == "pcen":
+    if cfg.frontend in PCEN_FRONTENDS:
         return MelEnergy(cfg.window, cfg.frame_stride, cfg.sample_rate, cfg.n_mels)
     return RawFrames(cfg.window)

@@ -84,11 +84,12 @@ class Encoder(nn.Module):
         if cfg.encoder == "tokens":
             self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         else:
-            self.frontend = make_frontend(cfg)  # raw samples or log-mel, per window (no state)
-            self.frame = nn.Linear(self.frontend.out_dim, cfg.d_model)
+            self.frontend = make_frontend(cfg)  # raw samples or mel features, per window (no state)
+            self.frame = nn.Linear(cfg.feature_dim, cfg.d_model)
             self.norm_decay = norm_decay(cfg)  # 0.0: no feature normalisation (no state)
             decay = pcen_decay(cfg)  # 0.0: no PCEN (no state)
-            self.pcen = PCEN(cfg.n_mels, decay) if decay else None
+            with_log = cfg.frontend == "logmel_pcen"  # PCEN's output after the log-mel features
+            self.pcen = PCEN(cfg.n_mels, decay, with_log) if decay else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "tokens":
@@ -98,7 +99,7 @@ class Encoder(nn.Module):
     def embed_features(self, feats: torch.Tensor) -> torch.Tensor:
         """Front-end features of whole streams (B, T, F), from their start -> (B, T, H)."""
         if self.pcen is not None:
-            feats = self.pcen(feats)  # mel energies -> PCEN (B, T, M)
+            feats = self.pcen(feats)  # mel energies -> PCEN (B, T, M), [log-mel, PCEN] (B, T, 2M)
         if self.norm_decay:
             feats = normalise(feats, self.norm_decay)
         return self.frame(feats)

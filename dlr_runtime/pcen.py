@@ -17,6 +17,11 @@ are learnt per band (kept positive through their logarithms), initialised at the
 values; the smoother's time constant is fixed, so the state is two fixed-size tensors:
 "pcen_sum" (B, M) and "pcen_count" (B,), float64.
 
+With ``with_log`` (the ``logmel_pcen`` front end) every output is the band's log-mel feature
+(`frontend.log_compress`, exactly the ``logmel`` front end's) followed by its PCEN feature,
+(..., 2M): a classifier sees both compressions, and a ``logmel`` model's frame projection widened
+with zero columns for the PCEN half computes exactly what it did (`training/widen_frontend.py`).
+
 - `PCEN.forward(e)`: offline, from an empty state (training; any dtype).
 - `PCEN.chunk(e, s, c)`: T frames from a state, the smoother in float64; the same numbers as
   `PCEN.step` applied T times.
@@ -31,6 +36,7 @@ import torch
 from torch import nn
 
 from .config import DLRConfig
+from .frontend import log_compress
 from .heads import pool_chunk, pool_step, pooled
 
 PCEN_S = 0.4  # s: the smoother's time constant (the paper's s = 0.025 per 10 ms frame)
@@ -42,28 +48,33 @@ INIT_R = 0.5  # root compression
 
 def pcen_decay(cfg: DLRConfig) -> float:
     """The per-frame decay a of the PCEN smoother (0.0 when the front end is not PCEN)."""
-    if cfg.encoder != "audio" or cfg.frontend != "pcen":
+    if not cfg.has_pcen:
         return 0.0
     return math.exp(-cfg.frame_stride / cfg.sample_rate / PCEN_S)
 
 
 class PCEN(nn.Module):
-    """Mel energies (B, [T,] M) -> PCEN features of the same shape."""
+    """Mel energies (B, [T,] M) -> PCEN features (B, [T,] M), or with `with_log` the log-mel
+    features and the PCEN ones side by side (B, [T,] 2M)."""
 
-    def __init__(self, n_mels: int, decay: float) -> None:
+    def __init__(self, n_mels: int, decay: float, with_log: bool = False) -> None:
         super().__init__()
         self.decay = decay
+        self.with_log = with_log
+        self.out_dim = 2 * n_mels if with_log else n_mels
         self.log_alpha = nn.Parameter(torch.full((n_mels,), math.log(INIT_ALPHA)))
         self.log_delta = nn.Parameter(torch.full((n_mels,), math.log(INIT_DELTA)))
         self.log_r = nn.Parameter(torch.full((n_mels,), math.log(INIT_R)))
 
     def compress(self, e: torch.Tensor, smooth: torch.Tensor) -> torch.Tensor:
-        """Energies e and their smoothed past (..., M), one dtype -> PCEN (..., M)."""
+        """Energies e and their smoothed past (..., M), one dtype -> PCEN (..., M), or
+        [log-mel, PCEN] (..., 2M) with `with_log`."""
         alpha = self.log_alpha.exp().to(e.dtype)
         delta = self.log_delta.exp().to(e.dtype)
         r = self.log_r.exp().to(e.dtype)
         gain = torch.exp(-alpha * torch.log(PCEN_EPS + smooth))  # (eps + M)^-alpha
-        return (e * gain + delta).pow(r) - delta.pow(r)
+        out = (e * gain + delta).pow(r) - delta.pow(r)
+        return torch.cat([log_compress(e), out], dim=-1) if self.with_log else out
 
     def forward(self, e: torch.Tensor) -> torch.Tensor:
         """Offline: energies of whole streams (B, T, M) from their start -> (B, T, M); never
@@ -76,10 +87,11 @@ class PCEN(nn.Module):
     def chunk(
         self, e: torch.Tensor, s0: torch.Tensor, c0: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """e (B, T, M) from sums s0 (B, M), counts c0 (B,) -> (PCEN (B, T, M) in e's dtype,
-        new sums (B, M), new counts (B,)); the smoother and the compression run in float64."""
+        """e (B, T, M) from sums s0 (B, M), counts c0 (B,) -> (features (B, T, out_dim) in e's
+        dtype, new sums (B, M), new counts (B,)); the smoother and the compression run in
+        float64."""
         if e.shape[1] == 0:
-            return e, s0, c0
+            return e.new_zeros(*e.shape[:2], self.out_dim), s0, c0
         sums, counts = pool_chunk(e.double(), s0, c0, self.decay)  # (B, T, M), (B, T)
         out = self.compress(e.double(), sums / counts.unsqueeze(-1))
         return out.to(e.dtype), sums[:, -1], counts[:, -1]
@@ -87,7 +99,7 @@ class PCEN(nn.Module):
     def step(
         self, e: torch.Tensor, s: torch.Tensor, c: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One frame e (B, M) from sums s (B, M), counts c (B,) -> (PCEN (B, M), s, c)."""
+        """One frame e (B, M) from sums s (B, M), counts c (B,) -> (features (B, out_dim), s, c)."""
         s, c = pool_step(s, c, e.double(), self.decay)
         out = self.compress(e.double(), s / c.unsqueeze(-1))
         return out.to(e.dtype), s, c

@@ -12,6 +12,7 @@ import copy
 import torch
 
 from .feature_norm import norm_decay
+from .frontend import LOG_EPS, LOG_SCALE, LOG_SHIFT
 from .heads import pool_decay
 from .model import DLRModel
 from .pcen import PCEN_EPS, pcen_decay
@@ -55,8 +56,16 @@ def reference_forward(
                 e_sum, e_cnt = p * e_sum + feats[:, t], p * e_cnt + 1.0
                 smooth = e_sum / e_cnt
                 g = feats[:, t] / (PCEN_EPS + smooth) ** alpha
-                comp.append((g + delta) ** r - delta**r)
-            feats = torch.stack(comp, dim=1) if comp else feats
+                pc_t = (g + delta) ** r - delta**r
+                if cfg.frontend == "logmel_pcen":  # the log-mel features first
+                    log_t = (torch.log(feats[:, t] + LOG_EPS) + LOG_SHIFT) / LOG_SCALE
+                    pc_t = torch.cat([log_t, pc_t], dim=-1)
+                comp.append(pc_t)
+            feats = (
+                torch.stack(comp, dim=1)
+                if comp
+                else feats.new_zeros(*feats.shape[:2], cfg.feature_dim)
+            )
         a = norm_decay(cfg)
         if a:  # feature normalisation: minus the decayed mean so far, as a loop
             f_sum, f_cnt, normed = torch.zeros_like(feats[:, 0]), 0.0, []

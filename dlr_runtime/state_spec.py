@@ -10,7 +10,7 @@ A session's recurrent state is a dict of batch-first tensors of fixed shape:
     "feat_sum"    (F,)        float64              audio, feature normalisation on: decayed
                                                    sum of front-end features (feature_norm.py)
     "feat_count"  ()          float64              its decayed count of frames
-    "pcen_sum"    (M,)        float64              audio, PCEN front end: decayed sum of mel
+    "pcen_sum"    (M,)        float64              audio, PCEN front ends: decayed sum of mel
                                                    energies (pcen.py)
     "pcen_count"  ()          float64              its decayed count of frames
     "mean_sum"    (H,)        float64              classifier: running sum of head features
@@ -44,7 +44,7 @@ def state_spec(config: DLRConfig, cdtype: torch.dtype = torch.complex64) -> Spec
         spec["frame_fill"] = ((), torch.int64)
         if config.history:
             spec["frame_hist"] = ((config.history,), REAL_OF[cdtype])
-        if config.frontend == "pcen":
+        if config.has_pcen:
             spec["pcen_sum"] = ((config.n_mels,), torch.float64)
             spec["pcen_count"] = ((), torch.float64)
         if config.feature_norm_s:

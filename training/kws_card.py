@@ -314,6 +314,12 @@ def card(
             "(`dlr_runtime/frontend.py`; no overlap, so no front-end state)"
         )
     bands = "log-mel" if cfg.frontend != "pcen" else "mel-energy"
+    if cfg.frontend == "logmel_pcen":
+        spectrum += (
+            ",\nside by side with the same energies compressed by a trainable per-channel energy "
+            "normalisation (PCEN: each band over a power of its causal mean, then a root; "
+            "`dlr_runtime/pcen.py`, two more fixed-size state tensors)"
+        )
     if cfg.frontend == "pcen":
         spectrum += (
             ",\ncompressed by a trainable per-channel energy normalisation (PCEN: each band over a "

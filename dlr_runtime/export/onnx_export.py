@@ -67,7 +67,7 @@ PCEN_OUT = ["pcen_sum_out", "pcen_count_out"]
 
 def front_state(cfg: DLRConfig) -> tuple[list[str], list[str]] | None:
     """Input and output names of the front end's state in the graphs (None: it has none)."""
-    if cfg.encoder == "audio" and cfg.frontend == "pcen":
+    if cfg.has_pcen:
         return PCEN_IN, PCEN_OUT
     if cfg.feature_norm_s:
         return FEAT_IN, FEAT_OUT
@@ -109,8 +109,9 @@ def example_inputs(
         ]
         dyn += [{0: bdim}, {0: bdim}]
     if front_state(cfg):  # (sums of energies are never negative)
+        width = cfg.n_mels if cfg.has_pcen else cfg.feature_dim  # PCEN: sums of mel energies
         args += [
-            torch.randn(batch, cfg.feature_dim, dtype=torch.float64).abs(),
+            torch.randn(batch, width, dtype=torch.float64).abs(),
             torch.full((batch,), 2.0, dtype=torch.float64),
         ]
         dyn += [{0: bdim}, {0: bdim}]

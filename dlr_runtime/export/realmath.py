@@ -44,7 +44,7 @@ FLOAT_OF = {torch.complex64: torch.float32, torch.complex128: torch.float64}
 
 def unexportable(cfg: DLRConfig, triton: bool = False) -> str | None:
     """Why `cfg`'s network has no exported graph (ONNX; Triton's with `triton`); None: it has."""
-    if cfg.encoder != "audio" or cfg.frontend != "pcen":
+    if not cfg.has_pcen:
         return None
     if triton:
         return "the PCEN front end (dlr_runtime/pcen.py) has no Triton graph yet"

@@ -30,6 +30,7 @@ VARIANTS = {  # B = 1 (DLR) or a learnt B (S4D), shared or per-feature lambda, f
     "s4d-logmel": {"layer": "s4d", "frontend": "logmel", "glu": False},
     "dlr-logmel-featnorm": {"frontend": "logmel", "pool_window_s": 0.02, "feature_norm_s": 0.03},
     "dlr-pcen-window": {"frontend": "pcen", "pool_window_s": 0.02},
+    "dlr-logmel-pcen-window": {"frontend": "logmel_pcen", "pool_window_s": 0.02},
 }
 
 

@@ -2,7 +2,7 @@
 form of the runtime.
 
 - offline (FFT convolution) == chunk (any boundaries, misaligned with frames) == step == the
-  plain loop of `reference_forward`, for {raw, logmel} x {running mean, exponential window} x
+  plain loop of `reference_forward`, for {raw, logmel, pcen, logmel_pcen} x {running mean, exponential window} x
   {frame alone, overlapping windows} x {with, without feature normalisation}: float64 / complex128 to 1e-10 of the
   output scale; float32 / complex64 to 1e-4 (the log-mel of a 20 ms frame goes through two
   320-long float32 matmuls and a log; observed ~1e-6 on outputs of magnitude ~1);
@@ -70,7 +70,7 @@ def streamed(rec, x: torch.Tensor, cuts: list[int], steps_from: int | None = Non
     return torch.cat(outs, dim=1)
 
 
-@pytest.mark.parametrize("frontend", ["raw", "logmel", "pcen"])
+@pytest.mark.parametrize("frontend", ["raw", "logmel", "pcen", "logmel_pcen"])
 @pytest.mark.parametrize("window", [0.0, 0.01])
 @pytest.mark.parametrize("frame_window", [0, 53, 80], ids=["frame", "window+13", "window+40"])
 @pytest.mark.parametrize("norm", [0.0, 0.02], ids=["", "feature-norm"])
@@ -93,7 +93,7 @@ def test_offline_chunk_step_agree_float64(frontend, window, frame_window, norm):
     assert torch.allclose(rec.scores(state), ref[:, -1], atol=F64_TOL * float(scale))
 
 
-@pytest.mark.parametrize("frontend", ["raw", "logmel", "pcen"])
+@pytest.mark.parametrize("frontend", ["raw", "logmel", "pcen", "logmel_pcen"])
 @pytest.mark.parametrize("frame_window", [0, 640])
 @pytest.mark.parametrize("norm", [0.0, 0.5], ids=["", "feature-norm"])
 def test_offline_chunk_step_agree_float32(frontend, frame_window, norm):

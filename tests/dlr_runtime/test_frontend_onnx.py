@@ -26,6 +26,7 @@ CFG = DLRConfig(
 
 NORM = replace(CFG, feature_norm_s=0.05)
 PCEN = replace(CFG, frontend="pcen")
+BOTH = replace(CFG, frontend="logmel_pcen")
 
 
 @pytest.mark.slow
@@ -37,12 +38,14 @@ PCEN = replace(CFG, frontend="pcen")
         (NORM, torch.complex128, 1e-7),
         (PCEN, torch.complex64, TOL),
         (PCEN, torch.complex128, 1e-7),
+        (BOTH, torch.complex64, TOL),
+        (BOTH, torch.complex128, 1e-7),
     ],
-    ids=["window", "feature-norm", "feature-norm-f64", "pcen", "pcen-f64"],
+    ids=["window", "feature-norm", "feature-norm-f64", "pcen", "pcen-f64", "both", "both-f64"],
 )
 def test_chunks_and_steps_match_torch(tmp_path, cfg, cdtype, tol):
     model = DLRModel(cfg, seed=3)
-    if cfg.frontend == "pcen":
+    if model.encoder.pcen is not None:
         randomise(model.encoder.pcen, 5)
     rec = to_recurrent(model.double() if cdtype == torch.complex128 else model, dtype=cdtype)
     be = OnnxBackend.from_recurrent(rec, tmp_path, max_chunk=8)

@@ -69,8 +69,9 @@ def test_chunk_equals_a_loop_of_steps():
         assert torch.allclose(pcen(e), pcen.chunk(e, zeros, torch.zeros(3))[0], atol=1e-12)
 
 
-def test_per_band_parameters_in_every_form_float64():
-    model = DLRModel(config(), seed=0).double().eval()
+@pytest.mark.parametrize("frontend", ["pcen", "logmel_pcen"])
+def test_per_band_parameters_in_every_form_float64(frontend):
+    model = DLRModel(config(frontend=frontend), seed=0).double().eval()
     randomise(model.encoder.pcen, 3)
     rec = to_recurrent(model, dtype=torch.complex128, max_block=16)
     x = audio(2, 40 * 70)

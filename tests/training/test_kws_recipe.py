@@ -24,6 +24,7 @@ from training.kws_card import main as card_main
 from training.kws_folds import loso_records, route
 from training.recipes.kws import KWSOptions, load_split
 from training.soup import main as soup_main
+from training.widen_frontend import main as widen_main
 
 from .conftest import QUIET, TINY_MODEL
 
@@ -130,6 +131,26 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     assert torch.equal(fixed.encoder.pcen.log_r, torch.full((40,), math.log(INIT_R)))
     start = DLRModel(fixed.config, seed=0)  # the recipe's initialisation (seed 0)
     assert not torch.equal(fixed.encoder.frame.weight, start.encoder.frame.weight)
+    # log-mel and PCEN side by side, fine-tuned from the log-mel model widened to it (the
+    # PCEN half of the frame map at zero): the start scores as the log-mel model did
+    wide = tmp_path / "kws-widened"
+    assert widen_main([str(out / "model"), "--out", str(wide)]) == 0
+    x = 0.1 * torch.randn(1, 16000, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(
+            load_checkpoint(wide)(x), load_checkpoint(out / "model")(x), atol=1e-5
+        )
+    lp = tmp_path / "kws-logmel-pcen"
+    argv_lp = [a if a != str(out) else str(lp) for a in argv]
+    assert main([*argv_lp, "--steps", "2", "--frontend", "logmel_pcen", "--pcen-fixed",
+                 "--init-from", str(wide)]) == 0  # fmt: skip
+    summary = json.loads((lp / "summary.json").read_text())
+    for form in ("complex64", "complex128"):
+        assert summary["streaming"][form]["final_prediction_agreement"] == 1.0
+    both = load_checkpoint(lp / "model")
+    assert both.config.frontend == "logmel_pcen" and both.encoder.frame.in_features == 80
+    assert both.encoder.frame.weight[:, 40:].any()  # the PCEN half learns from zero
+    assert torch.equal(both.encoder.pcen.log_r, torch.full((40,), math.log(INIT_R)))
     assert main([*argv_win, "--steps", "1", "--pcen-fixed"]) == 2  # log-mel: nothing to fix
     assert "--pcen-fixed needs --frontend pcen" in capsys.readouterr().err
     assert main([*argv_win, "--steps", "1", "--frame-window", "100"]) == 2  # < frame stride

@@ -45,6 +45,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from dlr_runtime import DLRModel, save_checkpoint, to_recurrent
+from dlr_runtime.config import FRONTENDS, PCEN_FRONTENDS
 from dlr_runtime.frontend import LogMel, mel_filterbank
 from dlr_runtime.kws import KWSConfig
 from dlr_runtime.model import frames_of
@@ -91,9 +92,9 @@ class KWSOptions:
     split: str = "final"  # final | loso-<engine> (training.data.splits.PRESETS)
     workers: int = 2  # processes rendering missing clips
     frontend: str = "logmel"  # logmel | pcen (mel energies through a trainable PCEN,
-    # dlr_runtime/pcen.py) | raw (the paper's raw samples)
-    pcen_fixed: bool = False  # pcen: keep alpha, delta and r at the paper's values (not learnt)
-    n_mels: int = 40  # logmel, pcen: mel bands
+    # dlr_runtime/pcen.py) | logmel_pcen (both side by side) | raw (the paper's raw samples)
+    pcen_fixed: bool = False  # pcen, logmel_pcen: keep alpha, delta and r at the paper's values
+    n_mels: int = 40  # the mel front ends: mel bands
     frame_stride: int = 320  # samples per frame (320 = 20 ms)
     frame_window: int = 0  # samples the front end sees per frame (0: the frame alone; 640:
     # 40 ms Hann windows overlapping by half, dlr_runtime/frontend.py)
@@ -278,10 +279,12 @@ class KWSRecipe(Recipe):
     items_name = "windows"
 
     def __init__(self, opts: KWSOptions, model_opts: ModelOptions, train: TrainConfig) -> None:
-        if opts.frontend not in ("logmel", "pcen", "raw"):
-            raise ValueError(f"--frontend must be logmel, pcen or raw, got {opts.frontend!r}")
-        if opts.pcen_fixed and opts.frontend != "pcen":
-            raise ValueError("--pcen-fixed needs --frontend pcen")
+        if opts.frontend not in FRONTENDS:
+            raise ValueError(
+                f"--frontend must be one of {', '.join(FRONTENDS)}, got {opts.frontend!r}"
+            )
+        if opts.pcen_fixed and opts.frontend not in PCEN_FRONTENDS:
+            raise ValueError("--pcen-fixed needs --frontend pcen or logmel_pcen")
         if SAMPLE_RATE % opts.frame_stride:
             raise ValueError(f"--frame-stride must divide {SAMPLE_RATE}, got {opts.frame_stride}")
         if opts.frame_window and opts.frame_window < opts.frame_stride:
@@ -401,7 +404,7 @@ class KWSRecipe(Recipe):
         model = DLRModel(cfg, seed=self.seed)
         if o.pcen_fixed:  # out of the optimiser (optim.param_groups), so also of weight decay
             model.encoder.pcen.requires_grad_(False)
-        if o.frontend in ("logmel", "pcen") and o.vtlp:
+        if o.frontend != "raw" and o.vtlp:
             self.warp = WarpedFrontend(model.encoder.frontend)
         return model
 
