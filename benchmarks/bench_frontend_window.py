@@ -3,14 +3,17 @@
 window`, over a 40 ms Hann window ending with it (`DLRConfig.frame_window=640`; the state keeps
 the 320 samples before the frame), or, `--variant pcen`, with the frame's mel energies through
 the PCEN front end (`dlr_runtime/pcen.py`, at its initial per-band values: the cost does not
-depend on them; the state keeps each band's smoothed energy).
+depend on them; the state keeps each band's smoothed energy), or, `--variant logmel_pcen`,
+with the shipped log-mel features and the PCEN ones side by side (the shipped weights widened by
+`training.widen_frontend`: the same scores, 80 features into the frame map).
 
 Per batch of streams (1, 16, 64): median seconds per 100 ms chunk (5 frames, the server's
 piece) through the engine's speech backend for each front end, measured in alternating rounds
 in one process (best round kept), the ratio variant / frame, the front end alone (the chunk's
 frames through the front end and, for PCEN, its compression), and the state bytes per session.
 
-    nice -n 10 .venv/bin/python -m benchmarks.bench_frontend_window [--variant window|pcen]
+    nice -n 10 .venv/bin/python -m benchmarks.bench_frontend_window
+        [--variant window|pcen|logmel_pcen]
         [--backend fused|torch] [--rounds 3] [--results benchmarks/RESULTS.md]
 """
 
@@ -26,6 +29,7 @@ from dlr_runtime import DLRModel, load_checkpoint, to_recurrent
 from dlr_runtime.backends import Backend, make_backend
 from dlr_runtime.model import frames_of
 from dlr_runtime.recurrent import RecurrentModel
+from training.widen_frontend import widen
 
 BATCHES = (1, 16, 64)
 CHUNK = 1600  # samples: 100 ms at 16 kHz
@@ -34,6 +38,7 @@ CHUNK = 1600  # samples: 100 ms at 16 kHz
 TITLES = {
     "window": "Speech front end: overlapping windows (bench_frontend_window)",
     "pcen": "Speech front end: PCEN (bench_frontend_window --variant pcen)",
+    "logmel_pcen": "Speech front end: log-mel and PCEN (bench_frontend_window --variant logmel_pcen)",
 }
 
 
@@ -42,15 +47,19 @@ def backends(model_dir: str, kind: str, variant: str) -> dict[str, tuple[Recurre
     (recurrent form, the engine's backend)."""
     base = load_checkpoint(model_dir).eval()
     cfg = base.config
-    other = (
-        replace(cfg, frame_window=2 * cfg.frame_stride)
-        if variant == "window"
-        else replace(cfg, frontend="pcen")
-    )
+    frame = DLRModel(replace(cfg, frontend="logmel", frame_window=0))
+    frame.load_state_dict(base.state_dict())
+    if variant == "logmel_pcen":  # the frame map widened, PCEN columns at zero
+        other = widen(frame)
+    else:
+        other = DLRModel(
+            replace(cfg, frame_window=2 * cfg.frame_stride)
+            if variant == "window"
+            else replace(cfg, frontend="pcen")
+        )
+        other.load_state_dict(base.state_dict(), strict=False)  # (PCEN's parameters: initial)
     out = {}
-    for name, c in (("frame", replace(cfg, frontend="logmel", frame_window=0)), (variant, other)):
-        m = DLRModel(c)
-        m.load_state_dict(base.state_dict(), strict=False)  # (PCEN's parameters: initial)
+    for name, m in (("frame", frame), (variant, other)):
         rec = to_recurrent(m.eval())
         out[name] = (rec, make_backend(rec, kind))
     return out
