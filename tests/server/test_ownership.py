@@ -42,7 +42,11 @@ def test_start_then_close_never_leaks_a_session_or_slot(models_dir):
 
         async def one(path: str, reset: bool) -> None:
             ws = await websockets.connect(srv.ws + path)
-            await send_json(ws, starts[path])
+            try:
+                await send_json(ws, starts[path])
+            except websockets.ConnectionClosedError as e:  # refused at the handshake: the
+                assert e.rcvd is not None and e.rcvd.code == 1013  # cap was full (on a slow
+                return  # machine the refusal can arrive before the start is sent)
             if reset:
                 drop(ws)  # TCP reset right after start, before ready could arrive
             else:
