@@ -77,8 +77,8 @@ class PCEN(nn.Module):
         return torch.cat([log_compress(e), out], dim=-1) if self.with_log else out
 
     def forward(self, e: torch.Tensor) -> torch.Tensor:
-        """Offline: energies of whole streams (B, T, M) from their start -> (B, T, M); never
-        under a half-precision autocast (energies span decades: float32 at least)."""
+        """Offline: energies of whole streams (B, T, M) from their start -> (B, T, out_dim);
+        never under a half-precision autocast (energies span decades: float32 at least)."""
         with torch.autocast(device_type=e.device.type, enabled=False):
             if e.dtype in (torch.float16, torch.bfloat16):
                 e = e.float()
