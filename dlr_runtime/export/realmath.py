@@ -42,12 +42,10 @@ from ..recurrent import RecurrentModel
 FLOAT_OF = {torch.complex64: torch.float32, torch.complex128: torch.float64}
 
 
-def unexportable(cfg: DLRConfig, triton: bool = False) -> str | None:
-    """Why `cfg`'s network has no exported graph (ONNX; Triton's with `triton`); None: it has."""
+def unexportable(cfg: DLRConfig) -> str | None:
+    """Why `cfg`'s network has no exported graph (ONNX or Triton's); None: it has."""
     if not cfg.has_pcen:
         return None
-    if triton:
-        return "the PCEN front end (dlr_runtime/pcen.py) has no Triton graph yet"
     if cfg.feature_norm_s:
         return (
             "the PCEN front end together with feature normalisation has no exported graph; "

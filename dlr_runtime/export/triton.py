@@ -13,6 +13,7 @@ sequence's next request, and the state starts as zeros). Graph tensors (B = Trit
              STATE_RE, STATE_IM (B, L, H, N) float32         the complex SSM state, re / im
              [MEAN_SUM (B, H) float64, MEAN_COUNT (B, 1) float64]   classifier running mean
              [FEAT_SUM (B, F) float64, FEAT_COUNT (B, 1) float64]   feature normalisation
+             [PCEN_SUM (B, M) float64, PCEN_COUNT (B, 1) float64]   PCEN's smoother (pcen.py)
              START, READY (B, 1) int32, CORRID (B, 1) uint64  sequence-batcher controls
     outputs  LOGITS (B, V) | SCORES (B, C) float32, and STATE_RE_OUT, STATE_IM_OUT, ...
 
@@ -92,23 +93,52 @@ class TritonClassifierStep(TritonLMStep):
         return y, nr, ni, ms, mc
 
 
-class TritonNormClassifierStep(TritonClassifierStep):
-    """`TritonClassifierStep` of an audio model with feature normalisation
-    (`dlr_runtime.feature_norm`): two more implicit states, FEAT_SUM (B, F) and FEAT_COUNT (B, 1)."""
+class TritonFrontStateClassifierStep(TritonClassifierStep):
+    """`TritonClassifierStep` of an audio model whose front end keeps a decayed sum of its
+    per-frame values: two more implicit states, the sums (B, D) and counts (B, 1) float64.
+    Subclasses give the decay and what the frame map reads of the values and their mean."""
+
+    decay: float
+
+    def features(self, values: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def forward(
-        self, x, state_re, state_im, mean_sum, mean_count, feat_sum, feat_count, start, ready,
+        self, x, state_re, state_im, mean_sum, mean_count, front_sum, front_count, start, ready,
         corrid,
     ):  # fmt: skip
         del corrid
         keep = (1 - start).to(state_re.dtype)  # (B, 1)
-        feats = self.core.encoder.frontend(x)  # (B, F)
-        a = self.core.norm_decay
-        fs, fc, s, c = _decayed(feat_sum, feat_count, feats, keep, ready, a)
-        h = self.core.encoder.frame((feats.double() - s / c).to(feats.dtype))  # (B, H)
+        values = self.core.encoder.frontend(x)  # (B, D)
+        fs, fc, s, c = _decayed(front_sum, front_count, values, keep, ready, self.decay)
+        h = self.core.encoder.frame(self.features(values, s / c))  # (B, H)
         f, nr, ni, keep = self.advance(h, state_re, state_im, start, ready)
         y, ms, mc = self.head(f, mean_sum, mean_count, keep, ready)
         return y, nr, ni, ms, mc, fs, fc
+
+
+class TritonNormClassifierStep(TritonFrontStateClassifierStep):
+    """Feature normalisation (`dlr_runtime.feature_norm`): FEAT_SUM (B, F), FEAT_COUNT (B, 1);
+    each front-end feature minus its causal mean."""
+
+    def __init__(self, core: RealCore) -> None:
+        super().__init__(core)
+        self.decay = core.norm_decay
+
+    def features(self, values: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+        return (values.double() - mean).to(values.dtype)
+
+
+class TritonPcenClassifierStep(TritonFrontStateClassifierStep):
+    """A PCEN front end (``pcen``, ``logmel_pcen``; `dlr_runtime.pcen`): PCEN_SUM (B, M),
+    PCEN_COUNT (B, 1), the smoother of each band's mel energy."""
+
+    def __init__(self, core: RealCore) -> None:
+        super().__init__(core)
+        self.decay = core.pcen.decay
+
+    def features(self, values: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+        return self.core.pcen.compress(values.double(), mean).to(values.dtype)  # (B, F)
 
 
 def triton_io(rec: RecurrentModel) -> dict:
@@ -133,6 +163,11 @@ def triton_io(rec: RecurrentModel) -> dict:
         states += [
             ("FEAT_SUM", "FEAT_SUM_OUT", "TYPE_FP64", [cfg.feature_dim]),
             ("FEAT_COUNT", "FEAT_COUNT_OUT", "TYPE_FP64", [1]),
+        ]
+    if cfg.has_pcen:
+        states += [
+            ("PCEN_SUM", "PCEN_SUM_OUT", "TYPE_FP64", [cfg.n_mels]),
+            ("PCEN_COUNT", "PCEN_COUNT_OUT", "TYPE_FP64", [1]),
         ]
     return {"input": x, "output": y, "states": states}
 
@@ -182,13 +217,15 @@ instance_group [ {{ count: 1 kind: KIND_AUTO }} ]
 def _step_module(cfg) -> type[TritonLMStep]:
     if cfg.decoder != "classifier":
         return TritonLMStep
+    if cfg.has_pcen:  # (PCEN with the feature normalisation is refused: `unexportable`)
+        return TritonPcenClassifierStep
     return TritonNormClassifierStep if cfg.feature_norm_s else TritonClassifierStep
 
 
 def export_triton_onnx(rec: RecurrentModel, path: Path) -> Path:
     """Export the Triton step graph of `rec` (float32) to `path` and check it."""
     cfg = rec.config
-    reason = unexportable(cfg, triton=True)
+    reason = unexportable(cfg)
     if reason:
         raise ValueError(reason)
     core = RealCore(rec, torch.float32, max_chunk=1)
@@ -206,6 +243,9 @@ def export_triton_onnx(rec: RecurrentModel, path: Path) -> Path:
         args += [torch.full((b, 1), 2.0, dtype=torch.float64)]
     if cfg.encoder == "audio" and cfg.feature_norm_s:
         args += [torch.randn(b, cfg.feature_dim, dtype=torch.float64)]
+        args += [torch.full((b, 1), 2.0, dtype=torch.float64)]
+    if cfg.has_pcen:  # (sums of energies are never negative)
+        args += [torch.randn(b, cfg.n_mels, dtype=torch.float64).abs()]
         args += [torch.full((b, 1), 2.0, dtype=torch.float64)]
     args += [torch.tensor([[1], [0]], dtype=torch.int32), torch.ones(b, 1, dtype=torch.int32)]
     args += [torch.tensor([[7], [9]], dtype=torch.uint64)]
@@ -308,6 +348,13 @@ def export_triton(
             f"Each frame's front-end features have their causal mean (time constant "
             f"{cfg.feature_norm_s:g} s) subtracted inside the graph (FEAT_* states). "
             if cfg.feature_norm_s
+            else ""
+        )
+        + (
+            "Each frame's mel energies are compressed inside the graph by a per-channel energy "
+            "normalisation over their causal mean (PCEN_* states)"
+            + (", beside their log-mel features. " if cfg.frontend == "logmel_pcen" else ". ")
+            if cfg.has_pcen
             else ""
         )
         + (

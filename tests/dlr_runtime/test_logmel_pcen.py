@@ -5,8 +5,8 @@
   drawn at random, in test_pcen.py;
 - its first half is exactly the ``logmel`` front end's features and its second the ``pcen``
   front end's, of the same energies;
-- the state layout (PCEN's two tensors, no more), snapshots, the exported graphs (ONNX yes,
-  compared with torch in test_frontend_onnx.py; Triton refused by name).
+- the state layout (PCEN's two tensors, no more), snapshots; its ONNX and Triton graphs are
+  compared with torch in test_frontend_onnx.py and test_triton_export.py.
 A ``logmel`` model widened to it (`training.widen_frontend`) is in
 tests/training/test_widen_frontend.py.
 """
@@ -14,16 +14,13 @@ tests/training/test_widen_frontend.py.
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
-import pytest
 import torch
 
 from dlr_runtime import DLRModel
 from dlr_runtime.backends import make_backend
 from dlr_runtime.engine import Engine
 from dlr_runtime.export.onnx_export import graph_names
-from dlr_runtime.export.triton import export_triton_onnx
 from dlr_runtime.frontend import LogMel
 from dlr_runtime.model import frames_of
 from dlr_runtime.recurrent import to_recurrent
@@ -61,8 +58,6 @@ def test_state_snapshots_and_exported_graphs():
     )  # the log-mel half has no state of its own
     rec = to_recurrent(DLRModel(cfg, seed=0))
     assert graph_names(cfg)["inputs"][-2:] == ["pcen_sum", "pcen_count"]
-    with pytest.raises(ValueError, match="PCEN front end .* no Triton graph"):
-        export_triton_onnx(rec, Path("unused.onnx"))
     eng = Engine(make_backend(rec, "torch"), "both", 8)
     a = mid_frame_round_trip(eng, "pcen_count")
     refuses_bad_values(eng, a, (("pcen_count", -1.0), ("pcen_sum", -1.0)))

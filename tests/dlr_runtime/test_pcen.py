@@ -7,8 +7,9 @@
 - what it is for: a gain change of the microphone barely moves the features (alpha near 1),
   and stationary noise is compressed to about the same level whatever its loudness;
 - the state layout, snapshots (mid-frame round trip, impossible values refused), the config's
-  round trip and refusals, and the exported graphs: ONNX (its agreement with torch is in
-  test_frontend_onnx.py), none yet for Triton or for PCEN with the feature normalisation.
+  round trip and refusals, and the exported graphs: ONNX and Triton's (their agreement with
+  torch is in test_frontend_onnx.py and test_triton_export.py), none yet for PCEN with the
+  feature normalisation.
 """
 
 from __future__ import annotations
@@ -142,18 +143,18 @@ def test_checkpoint_and_snapshot_round_trip(tmp_path):
     refuses_bad_values(eng, a, (*bad, ("pcen_sum", -1.0)))
 
 
-def test_exported_graphs_onnx_only_and_auto_knows():
-    """ONNX graphs carry PCEN's state (compared with torch in test_frontend_onnx.py); Triton's
-    and PCEN with the feature normalisation have none yet: refused by name, and "auto" does
-    not try ONNX for the latter."""
+def test_exported_graphs_and_auto_knows():
+    """ONNX and Triton graphs carry PCEN's state (compared with torch in test_frontend_onnx.py
+    and test_triton_export.py); PCEN with the feature normalisation has none yet: refused by
+    name in both, and "auto" does not try ONNX for it."""
     rec = to_recurrent(DLRModel(config(), seed=0))
     assert graph_names(rec.config)["inputs"][-2:] == ["pcen_sum", "pcen_count"]
     assert "onnx" in default_candidates(rec)
-    with pytest.raises(ValueError, match="PCEN front end .* no Triton graph"):
-        export_triton_onnx(rec, Path("unused.onnx"))
     both = to_recurrent(DLRModel(config(feature_norm_s=0.1), seed=0))
     with pytest.raises(ValueError, match="PCEN front end together with feature normalisation"):
         export_onnx(both, Path("unused"))
+    with pytest.raises(ValueError, match="PCEN front end together with feature normalisation"):
+        export_triton_onnx(both, Path("unused.onnx"))
     assert "onnx" not in default_candidates(both) and default_candidates(both)
     fast = make_backend(rec, "torch-fast")  # audio: the model's own code, as the torch backend
     x = audio(1, 40 * 20, dtype=torch.float32)

@@ -1,9 +1,12 @@
 """`dlr-export triton`: the config parses as Triton's ModelConfig, and the exported step graph,
 driven in ONNX Runtime the way Triton's sequence batcher with implicit state drives it, gives
-the runtime's outputs (float32 graph vs complex64 RecurrentModel: max abs error 1e-4)."""
+the runtime's outputs (float32 graph vs complex64 RecurrentModel: max abs error 1e-4), for an
+LM, speech models with a running mean, an exponential window with feature normalisation, and
+the PCEN and log-mel + PCEN front ends (per-band parameters drawn at random)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +17,7 @@ import torch
 
 from dlr_runtime import DLRConfig, DLRModel, load_recurrent, save_checkpoint
 from dlr_runtime.export.cli import main as export_main
+from tests.dlr_runtime.test_pcen import randomise
 
 # ONNX export per model repository: full suite only
 pytestmark = pytest.mark.slow
@@ -25,6 +29,9 @@ TOL = 1e-4
 
 
 NORM = "tiny-speech-norm"  # log-mel, exponential-window head, feature normalisation
+PCEN = "tiny-speech-pcen"  # PCEN front end, exponential-window head
+BOTH = "tiny-speech-logmel-pcen"  # log-mel and PCEN side by side
+SPEECH = ["tiny-speech", NORM, PCEN, BOTH]
 
 
 @pytest.fixture(scope="module")
@@ -37,13 +44,17 @@ def norm_dir(models_dir: Path, tmp_path_factory) -> Path:
     for name in ("tiny-lm", "tiny-speech"):
         (root / name).symlink_to(models_dir / name)
     save_checkpoint(DLRModel(cfg, seed=4), root / NORM)
+    for name, frontend in ((PCEN, "pcen"), (BOTH, "logmel_pcen")):
+        model = DLRModel(replace(cfg, frontend=frontend, feature_norm_s=0.0), seed=5)
+        randomise(model.encoder.pcen, 6)
+        save_checkpoint(model, root / name)
     return root
 
 
 @pytest.fixture(scope="module")
 def repo(norm_dir: Path, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("triton")
-    for path in (norm_dir / "tiny-lm", norm_dir / "tiny-speech", norm_dir / NORM):
+    for path in (norm_dir / "tiny-lm", *(norm_dir / name for name in SPEECH)):
         assert export_main(["triton", str(path), str(out), "--max-batch-size", "8"]) == 0
     return out
 
@@ -54,7 +65,7 @@ def _config(repo: Path, name: str):
     )
 
 
-@pytest.mark.parametrize("name", ["tiny-lm", "tiny-speech", NORM])
+@pytest.mark.parametrize("name", ["tiny-lm", *SPEECH])
 def test_config_is_a_valid_sequence_model(repo, name):
     cfg = _config(repo, name)
     C = model_config_pb2.ModelSequenceBatching.Control
@@ -169,11 +180,11 @@ def test_lm_sequences_match_runtime(repo, models_dir):
     np.testing.assert_allclose(got[0], ref[12][0].numpy(), atol=TOL, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["tiny-speech", NORM])
+@pytest.mark.parametrize("name", SPEECH)
 def test_speech_sequence_matches_runtime(repo, norm_dir, name):
     """Two sequences frame by frame with an idle slot, then a new sequence reusing CORRID 1
-    with stale state fed in: the running mean (tiny-speech) and the exponential window with
-    feature normalisation (NORM) both restart from zero."""
+    with stale state fed in: the running mean (tiny-speech), the exponential window with
+    feature normalisation (NORM) and PCEN's smoother (PCEN, BOTH) all restart from zero."""
     rec = load_recurrent(norm_dir / name)
     stride = rec.config.frame_stride
     drv = TritonLikeDriver(repo, name)
