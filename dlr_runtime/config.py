@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 LayerKind = Literal["dlr", "s4d", "lru"]
 InitKind = Literal["omega", "random"]
@@ -19,7 +19,7 @@ NormKind = Literal["layernorm", "rmsnorm", "none"]
 EncoderKind = Literal["tokens", "audio"]
 DecoderKind = Literal["lm", "classifier"]
 FrontendKind = Literal["raw", "logmel", "pcen", "logmel_pcen"]
-FRONTENDS: tuple[FrontendKind, ...] = ("raw", "logmel", "pcen", "logmel_pcen")
+FRONTENDS: tuple[FrontendKind, ...] = get_args(FrontendKind)
 PCEN_FRONTENDS = ("pcen", "logmel_pcen")  # the front ends with a PCEN stage (pcen.py)
 
 SC10_LABELS = ["yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go"]
