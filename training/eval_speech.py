@@ -64,6 +64,9 @@ class EvalOptions:
     split: str = ""  # split preset (default: the one the model was trained on)
     more_engines: bool = False  # the corpus with MBROLA, RHVoice and Pico (data/engines.py
     # MORE_ENGINES): their test voices too; always on for a model trained with them
+    rhvoice_accents: bool = False  # with the engines, also RHVoice's voices of other languages
+    # (data/engines.py RHVOICE_ACCENTED): 17 more test voices. Never taken from the model's
+    # training options, so a model trained with them is scored on the same voices as one without
     out: str = ""  # output folder (default: MODEL_DIR/eval)
     seed: int = 0  # corpus and augmentation seed (the model's training seed by default)
     max_clips: int = 0  # cap on test clips (0: all)
@@ -234,7 +237,13 @@ def evaluate(model_dir: str | Path, opts: EvalOptions) -> dict[str, Any]:
     tiny = bool(kws_opts.get("tiny_corpus", False))
     more = opts.more_engines or bool(kws_opts.get("more_engines", False))
     pools = load_split(
-        KWSOptions(cache_dir=opts.cache_dir, split=split, tiny_corpus=tiny, more_engines=more),
+        KWSOptions(
+            cache_dir=opts.cache_dir,
+            split=split,
+            tiny_corpus=tiny,
+            more_engines=more,
+            rhvoice_accents=more and opts.rhvoice_accents,
+        ),
         seed,
     )
     rirs = rir_bank(opts.cache_dir, seed=seed)
@@ -250,6 +259,7 @@ def evaluate(model_dir: str | Path, opts: EvalOptions) -> dict[str, Any]:
         "split": split,
         "seed": seed,
         "more_engines": more,
+        "rhvoice_accents": more and opts.rhvoice_accents,
     }
     results["test_voices"] = sorted(set(test.voices.tolist()))
     results["sizes"] = {k: int(len(p)) for k, p in pools.items()}

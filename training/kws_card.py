@@ -29,6 +29,7 @@ from training.data.engines import (
     MBROLA_VOICES,
     MORE_ENGINES,
     PICO_VOICES,
+    RHVOICE_ACCENTED,
     RHVOICE_VOICES,
 )
 from training.data.neural_tts import (
@@ -195,8 +196,22 @@ def _data_extras(
             f"({len(PICO_VOICES)} women). Their test voices: "
             + (", ".join(f"`{v}`" for v in held) or "none in this evaluation")
             + "; "
-            + " and ".join(f"`{s}`" for s in sorted(EVAL_ONLY_SPEAKERS))
+            + " and ".join(
+                f"`{s}`" for s in sorted(EVAL_ONLY_SPEAKERS & {"rh-evgeniy", "rh-lyubov"})
+            )
             + " are test-only in every split (a CC BY-NC-ND 4.0 licence; `EVAL_ONLY_SPEAKERS`)."
+        )
+    n_rh = sum(bool(o.get("rhvoice_accents")) for o in runs_opts)
+    if n_rh:
+        n_train = len(RHVOICE_ACCENTED) - len(
+            {v.speaker for v in RHVOICE_ACCENTED} & EVAL_ONLY_SPEAKERS
+        )
+        extras.append(
+            "RHVoice's voices of other languages reading English (`--rhvoice-accents`"
+            + (f", in {n_rh} of the {len(runs_opts)} runs averaged" if len(runs_opts) > 1 else "")
+            + f"; `RHVOICE_ACCENTED` in `training/data/engines.py`): {n_train} of its "
+            f"{len(RHVOICE_ACCENTED)} voices train (LGPL-2.1+), the others are test-only "
+            "(their licences); commands respelled in each language's orthography."
         )
     for flag, what in (
         ("kokoro_extra", f"{len(KOKORO_EXTRA_BLENDS)} more mixes of the Kokoro training speakers"),

@@ -74,6 +74,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--more-engines", action="store_true", help="the corpus with the engines")
     p.add_argument("--kokoro-extra", action="store_true", help="with the extra Kokoro mixes")
     p.add_argument("--kokoro-accents", action="store_true", help="with the accented Kokoro voices")
+    p.add_argument(
+        "--rhvoice-accents", action="store_true", help="with RHVoice's voices of other languages"
+    )
     p.add_argument("--cache-dir", default="runs/sc12cache")
     p.add_argument("--workers", type=int, default=1, help="processes rendering missing clips")
     p.add_argument("--threads", type=int, default=1)
@@ -85,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         engines=engines_for(args.more_engines),
         kokoro_extra=args.kokoro_extra,
         kokoro_accents=args.kokoro_accents,
+        rhvoice_accents=args.rhvoice_accents,
     )
     engines = args.engine or list(cfg.engines)
     check = check_voices(args.model_dir, cfg, engines, args.cache_dir, args.workers)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ from training.data.engines import (
     MORE_ENGINES,
     PICO_VOICES,
     RESPELL,
+    RHVOICE_ACCENTED,
     RHVOICE_VOICES,
     TTSVoice,
     engine_text,
@@ -54,8 +56,16 @@ needs = {
         ("pico", "pico2wave"),
     )
 }
+needs["rhvoice-uk"], needs["rhvoice-eo"] = (  # voices of RHVoice's Ukrainian, Esperanto packages
+    pytest.mark.skipif(
+        not Path(f"/usr/share/RHVoice/voices/{v}").is_dir(), reason=f"RHVoice {v} not installed"
+    )
+    for v in ("anatol", "spomenka")
+)
 #: The corpus with the opt-in engines (MBROLA, RHVoice, Pico): every preset has test voices.
 MORE = CorpusConfig(engines=engines_for(True))
+#: ... and with RHVoice's voices of other languages.
+MORE_RH = CorpusConfig(engines=engines_for(True), rhvoice_accents=True)
 
 
 def test_label_set_and_unknown_words():
@@ -147,6 +157,50 @@ def test_licence_restricted_voices_are_never_trained_on(preset):
         assert restricted.isdisjoint(v.key for v in split["test"])
 
 
+@pytest.mark.parametrize("preset", PRESETS)
+def test_accented_rhvoice_voices_train_only_under_a_free_licence(preset):
+    voices = all_tts_voices(MORE_RH)
+    accented = [v for v in voices if v in RHVOICE_ACCENTED]
+    assert len(accented) == 27 and set(all_tts_voices(MORE)) < set(voices)  # opt in
+    assert len({v.speaker for v in accented}) == 27  # each a person of its own ...
+    assert {v.speaker for v in accented} & EVAL_ONLY_SPEAKERS == {
+        v.speaker for v in RHVOICE_ACCENTED[10:]
+    }  # ... ten of them trainable
+    assert TTSVoice("rhvoice", "evgeniy-rus", "rh-evgeniy", "ru") in accented  # evgeniy-eng's
+    split = split_voices(voices, preset)
+    check_disjoint(split)
+    restricted = {v.key for v in voices if v.speaker in EVAL_ONLY_SPEAKERS}
+    assert restricted.isdisjoint(v.key for v in split["train"] + split["valid"])
+    trained = {v.key for v in split["train"]}
+    if preset == "final":
+        assert {v.key for v in RHVOICE_ACCENTED[:10]} <= trained
+        assert restricted <= {v.key for v in split["test"]}
+        # the usual valid voices, and the usual test voices plus the restricted ones
+        usual = split_voices(all_tts_voices(MORE), "final")
+        assert split["valid"] == usual["valid"]
+        assert {v.key for v in split["test"]} == {v.key for v in usual["test"]} | restricted
+    if preset == "loso-rhvoice":
+        assert not trained & {v.key for v in accented}
+
+
+def test_accented_rhvoice_voices_read_respelled_commands_in_their_own_script():
+    for voice in RHVOICE_ACCENTED:
+        table = RESPELL[voice.lang]
+        assert sorted(table) == sorted(SC10_LABELS), voice.lang
+        for word in ("yes", "right", "bright", "garden"):
+            text = engine_text(voice, word)
+            cyrillic = any("\u0400" <= ch <= "\u04ff" for ch in text)
+            assert cyrillic == (voice.lang in ("ru", "uk", "ky", "tt", "mk")), (voice, text)
+            if cyrillic:  # no Latin letter is left for the voice to spell out
+                assert not any("a" <= ch <= "z" for ch in text), (voice, text)
+    uk, mk, eo = (
+        next(v for v in RHVOICE_ACCENTED if v.lang == lang) for lang in ("uk", "mk", "eo")
+    )
+    assert engine_text(uk, "go") == "ґоу" and engine_text(uk, "big") == "біґ"
+    assert engine_text(mk, "right") == "рајт" and engine_text(mk, "yard") == "јард"
+    assert engine_text(eo, "down") == "daŭn" and engine_text(eo, "garden") == "garden"
+
+
 def test_more_engines_sample_unknown_words_and_draw_rates_from_the_seed():
     cfg = MORE
     for voice in (MBROLA_VOICES[0], RHVOICE_VOICES[2], PICO_VOICES[1]):
@@ -220,6 +274,8 @@ def test_voice_items_are_deterministic_from_the_seed():
         pytest.param(MBROLA_VOICES[0], marks=needs["mbrola"]),
         pytest.param(MBROLA_VOICES[9], marks=needs["mbrola"]),  # a German woman reading English
         pytest.param(RHVOICE_VOICES[2], marks=needs["rhvoice"]),
+        pytest.param(RHVOICE_ACCENTED[4], marks=needs["rhvoice-uk"]),  # Ukrainian, Cyrillic text
+        pytest.param(RHVOICE_ACCENTED[9], marks=needs["rhvoice-eo"]),  # Esperanto
         pytest.param(PICO_VOICES[0], marks=needs["pico"]),
     ],
 )

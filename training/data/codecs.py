@@ -162,8 +162,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--more-engines", action="store_true", help="also MBROLA, RHVoice and Pico")
+    p.add_argument(
+        "--rhvoice-accents", action="store_true", help="also RHVoice's voices of other languages"
+    )
     args = p.parse_args(argv)
-    cfg = CorpusConfig(seed=args.seed, engines=engines_for(args.more_engines))
+    cfg = CorpusConfig(
+        seed=args.seed,
+        engines=engines_for(args.more_engines),
+        rhvoice_accents=args.rhvoice_accents,
+    )
     clips = generate(cfg, args.cache_dir, args.workers)  # (renders what is missing)
     keys = render_all(args.cache_dir, cfg, list(clips.values()), args.workers)
     print(f"{len(keys)} voices have a codec copy in {args.cache_dir}")

@@ -6,7 +6,8 @@ and festival (kal_diphone, ked_diphone, cmu_us_slt_arctic_hts, and ten voices of
 languages reading English with their accent), Kokoro-82M (five voices and mixes of them) and
 Piper (joe), the neural voices of ``neural_tts.py``; with ``--more-engines`` also MBROLA (twenty
 recorded speakers through espeak-ng, sixteen of them reading English with another language's
-accent), RHVoice (six) and SVOX Pico (two) from Debian's contrib / non-free components. See
+accent), RHVoice (six; with ``--rhvoice-accents`` 27 more people reading English with their own
+language's accent) and SVOX Pico (two) from Debian's contrib / non-free components. See
 ``engines.py`` for the speakers shared across engines (kal, slt, awb) and the respelling the
 accented festival voices are given.
 
@@ -51,6 +52,7 @@ from training.data.engines import (
     MORE_ENGINES,
     PICO_VOICES,
     PIPER_VOICES,
+    RHVOICE_ACCENTED,
     RHVOICE_VOICES,
     TTSVoice,
     can_vary_rate,
@@ -101,6 +103,7 @@ class CorpusConfig:
     unknown: tuple[str, ...] = field(default_factory=unknown_words)  # the _unknown_ words
     kokoro_extra: bool = False  # also the extra Kokoro mixes (neural_tts.KOKORO_EXTRA_BLENDS)
     kokoro_accents: bool = False  # also Kokoro voices reading other accents (KOKORO_ACCENTED)
+    rhvoice_accents: bool = False  # also RHVoice's voices of other languages (RHVOICE_ACCENTED)
 
 
 def engines_for(more_engines: bool) -> tuple[str, ...]:
@@ -138,7 +141,7 @@ def all_tts_voices(cfg: CorpusConfig) -> list[TTSVoice]:
     if "mbrola" in cfg.engines:
         out += list(MBROLA_VOICES)
     if "rhvoice" in cfg.engines:
-        out += list(RHVOICE_VOICES)
+        out += list(RHVOICE_VOICES) + (list(RHVOICE_ACCENTED) if cfg.rhvoice_accents else [])
     if "pico" in cfg.engines:
         out += list(PICO_VOICES)
     return sorted(out)
@@ -261,7 +264,10 @@ def render_items(voice: TTSVoice, items: Sequence[ClipItem]) -> list[np.ndarray]
     elif voice.engine == "mbrola":
         raw = [mbrola_word(i.word, voice.name, int(i.rate), int(i.pitch)) for i in items]
     elif voice.engine == "rhvoice":
-        raw = [rhvoice_synthesize(i.word, voice.name, i.rate, i.pitch) for i in items]
+        raw = [
+            rhvoice_synthesize(engine_text(voice, i.word), voice.name, i.rate, i.pitch)
+            for i in items
+        ]
     elif voice.engine == "pico":
         raw = [pico_synthesize(i.word, voice.name, i.rate, i.pitch) for i in items]
     else:
@@ -348,11 +354,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="store_true",
         help="also MBROLA, RHVoice and SVOX Pico (Debian contrib / non-free; scripts/setup.sh)",
     )
+    p.add_argument(
+        "--rhvoice-accents",
+        action="store_true",
+        help="with --more-engines: also RHVoice's voices of other languages reading English",
+    )
     args = p.parse_args(argv)
     cfg = CorpusConfig(
         seed=args.seed,
         kokoro_extra=args.kokoro_extra,
         kokoro_accents=args.kokoro_accents,
+        rhvoice_accents=args.rhvoice_accents,
         engines=engines_for(args.more_engines),
     )
     clips = generate(cfg, args.cache_dir, args.workers)

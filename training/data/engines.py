@@ -40,7 +40,11 @@ through ``CorpusConfig.engines`` (:data:`MORE_ENGINES`); each voice is a recorde
   woman), evgeniy-eng and lyubov on two Russian speakers reading English (CC BY-NC-ND 4.0;
   the ARCTIC voices LGPL-2.1+). A model trained on the two CC BY-NC-ND voices could not ship
   under this project's Apache-2.0 without a question, so they are test voices only
-  (:data:`EVAL_ONLY_SPEAKERS`): no split preset trains on them.
+  (:data:`EVAL_ONLY_SPEAKERS`): no split preset trains on them. With
+  ``CorpusConfig.rhvoice_accents`` also its voices of other languages reading English
+  (:data:`RHVOICE_ACCENTED`: Russian, Ukrainian, Macedonian, Kyrgyz, Esperanto, Tatar, Polish,
+  Albanian, Brazilian Portuguese; 27 people, 12 of them women), respelled like festival's
+  accented voices; ten of them are LGPL-2.1+ and train, the others are test voices only.
 - **SVOX Pico** (``libttspico-utils``, Apache-2.0): ``pico2wave -l en-US|en-GB``, two women;
   rate and pitch through its ``<speed level>`` / ``<pitch level>`` markup.
 
@@ -194,9 +198,50 @@ RHVOICE_VOICES: tuple[TTSVoice, ...] = (
     TTSVoice("rhvoice", "lyubov", "rh-lyubov"),  # woman
 )
 
-#: Speakers whose voice licence (CC BY-NC-ND 4.0) keeps them out of training: every split
-#: preset tests on them or drops them, never trains on them (``splits.py``).
-EVAL_ONLY_SPEAKERS = frozenset({"rh-evgeniy", "rh-lyubov"})
+#: RHVoice's voices of other languages reading English (Debian rhvoice-<language>), each a
+#: recorded person: commands are respelled in the voice's orthography (:data:`RESPELL`), other
+#: words read as written or transliterated (:func:`engine_text`). Licences from Debian's
+#: copyright file: the first ten are LGPL-2.1+ like RHVoice's data and may be trained on; the
+#: rest carry CC BY-NC-ND / BY-ND / BY-NC-SA / BY-SA or a non-commercial licence of their own
+#: and are test voices only (:data:`EVAL_ONLY_SPEAKERS`). ``evgeniy-rus`` is the speaker of
+#: ``evgeniy-eng``; ``aleksandr-hq`` (a second recording of Aleksandr) is left out.
+RHVOICE_ACCENTED: tuple[TTSVoice, ...] = (
+    TTSVoice("rhvoice", "aleksandr", "rh-aleksandr", "ru"),
+    TTSVoice("rhvoice", "anna", "rh-anna", "ru"),  # woman
+    TTSVoice("rhvoice", "elena", "rh-elena", "ru"),  # woman
+    TTSVoice("rhvoice", "irina", "rh-irina", "ru"),  # woman
+    TTSVoice("rhvoice", "anatol", "rh-anatol", "uk"),
+    TTSVoice("rhvoice", "natalia", "rh-natalia", "uk"),  # woman
+    TTSVoice("rhvoice", "kiko", "rh-kiko", "mk"),
+    TTSVoice("rhvoice", "azamat", "rh-azamat", "ky"),
+    TTSVoice("rhvoice", "nazgul", "rh-nazgul", "ky"),  # woman
+    TTSVoice("rhvoice", "spomenka", "rh-spomenka", "eo"),  # woman
+    # test voices only (licence)
+    TTSVoice("rhvoice", "arina", "rh-arina", "ru"),  # woman
+    TTSVoice("rhvoice", "artemiy", "rh-artemiy", "ru"),
+    TTSVoice("rhvoice", "evgeniy-rus", "rh-evgeniy", "ru"),
+    TTSVoice("rhvoice", "mikhail", "rh-mikhail", "ru"),
+    TTSVoice("rhvoice", "pavel", "rh-pavel", "ru"),
+    TTSVoice("rhvoice", "tatiana", "rh-tatiana", "ru"),  # woman
+    TTSVoice("rhvoice", "victoria", "rh-victoria", "ru"),  # woman
+    TTSVoice("rhvoice", "vitaliy", "rh-vitaliy", "ru"),
+    TTSVoice("rhvoice", "yuriy", "rh-yuriy", "ru"),
+    TTSVoice("rhvoice", "marianna", "rh-marianna", "uk"),  # woman
+    TTSVoice("rhvoice", "volodymyr", "rh-volodymyr", "uk"),
+    TTSVoice("rhvoice", "suze", "rh-suze", "mk"),  # woman
+    TTSVoice("rhvoice", "talgat", "rh-talgat", "tt"),
+    TTSVoice("rhvoice", "magda", "rh-magda", "pl"),  # woman
+    TTSVoice("rhvoice", "natan", "rh-natan", "pl"),
+    TTSVoice("rhvoice", "hana", "rh-hana", "sq"),  # woman
+    TTSVoice("rhvoice", "Leticia-F123", "rh-leticia", "pt"),  # woman
+)
+
+#: Speakers whose voice licence (CC BY-NC-ND 4.0 and the other non-free ones above) keeps them
+#: out of training: every split preset tests on them or drops them, never trains on them
+#: (``splits.py``).
+EVAL_ONLY_SPEAKERS = frozenset(
+    {"rh-evgeniy", "rh-lyubov"} | {v.speaker for v in RHVOICE_ACCENTED[10:]}
+)
 
 #: SVOX Pico's English voices (Debian libttspico-utils): two women.
 PICO_VOICES: tuple[TTSVoice, ...] = (
@@ -217,6 +262,22 @@ RESPELL: dict[str, dict[str, str]] = {
                on="on", off="of", stop="stop", go="gou"),
     "ru": dict(yes="йес", no="ноу", up="ап", down="даун", left="лефт", right="райт",
                on="он", off="оф", stop="стоп", go="гоу"),
+    "uk": dict(yes="єс", no="ноу", up="ап", down="даун", left="лефт", right="райт",
+               on="он", off="оф", stop="стоп", go="ґоу"),
+    "ky": dict(yes="йес", no="ноу", up="ап", down="даун", left="лефт", right="райт",
+               on="он", off="оф", stop="стоп", go="гоу"),
+    "tt": dict(yes="йес", no="ноу", up="ап", down="даун", left="лефт", right="райт",
+               on="он", off="оф", stop="стоп", go="гоу"),
+    "mk": dict(yes="јес", no="ноу", up="ап", down="даун", left="лефт", right="рајт",
+               on="он", off="оф", stop="стоп", go="гоу"),
+    "eo": dict(yes="jes", no="noŭ", up="ap", down="daŭn", left="left", right="rajt",
+               on="on", off="of", stop="stop", go="goŭ"),
+    "pl": dict(yes="jes", no="noł", up="ap", down="dałn", left="left", right="rajt",
+               on="on", off="of", stop="stop", go="goł"),
+    "sq": dict(yes="jes", no="nou", up="ap", down="daun", left="left", right="rajt",
+               on="on", off="of", stop="stop", go="gou"),
+    "pt": dict(yes="iés", no="nou", up="ap", down="dáun", left="léft", right="ráit",
+               on="ón", off="óf", stop="stóp", go="gou"),
 }  # fmt: skip
 
 #: Latin -> Cyrillic letters, for reading ``_unknown_`` words with the Russian voice.
@@ -225,6 +286,15 @@ _CYRILLIC = dict(
     m="м", n="н", o="о", p="п", q="к", r="р", s="с", t="т", u="у", v="в", w="у", x="кс",
     y="й", z="з",
 )  # fmt: skip
+#: The same letters for each Cyrillic-script voice language (Ukrainian writes /i/ and /g/ as
+#: і and ґ and /e/ as е; Macedonian has ј and џ where Russian has й and дж).
+_CYRILLIC_FOR: dict[str, dict[str, str]] = {
+    "ru": _CYRILLIC,
+    "ky": _CYRILLIC,
+    "tt": _CYRILLIC,
+    "uk": _CYRILLIC | dict(i="і", g="ґ"),
+    "mk": _CYRILLIC | dict(j="џ", y="ј"),
+}
 
 #: Voices whose speaking rate festival's ``Duration_Stretch`` does not change.
 _FIXED_RATE = {"cmu_us_slt_arctic_hts", "upc_ca_ona_hts", "msu_ru_nsh_clunits"}
@@ -241,7 +311,9 @@ PACKAGES = {
     "mbrola-de1 mbrola-de2 mbrola-de3 mbrola-de4 mbrola-de5 mbrola-de6 mbrola-fr1 mbrola-fr4 "
     "mbrola-gr2 mbrola-hu1 mbrola-nl2 mbrola-pl1 mbrola-ro1 mbrola-sw1 mbrola-sw2 "
     "(Debian contrib / non-free)",
-    "rhvoice": "rhvoice rhvoice-english (Debian non-free)",
+    "rhvoice": "rhvoice rhvoice-english (Debian non-free; the accented voices also "
+    "rhvoice-russian rhvoice-ukrainian rhvoice-macedonian rhvoice-kyrgyz rhvoice-esperanto "
+    "rhvoice-tatar rhvoice-polish rhvoice-albanian rhvoice-brazilian-portuguese)",
     "pico": "libttspico-utils (Debian non-free)",
 }
 
@@ -264,8 +336,9 @@ def engine_text(voice: TTSVoice, word: str) -> str:
         return word
     if word in RESPELL[voice.lang]:
         return RESPELL[voice.lang][word]
-    if voice.lang == "ru":
-        return "".join(_CYRILLIC.get(ch, ch) for ch in word.lower())
+    if voice.lang in _CYRILLIC_FOR:
+        letters = _CYRILLIC_FOR[voice.lang]
+        return "".join(letters.get(ch, ch) for ch in word.lower())
     return word
 
 

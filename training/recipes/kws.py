@@ -129,6 +129,8 @@ class KWSOptions:
     kokoro_accents: bool = False  # Kokoro training speakers reading other accents (train only)
     more_engines: bool = False  # also MBROLA, RHVoice and SVOX Pico (data/engines.py
     # MORE_ENGINES; Debian contrib / non-free), in every split of the preset
+    rhvoice_accents: bool = False  # with more_engines, RHVoice's voices of other languages
+    # (data/engines.py RHVOICE_ACCENTED): ten train, the others are test voices (licences)
     freq_masks: int = 0  # SpecAugment (training/spec_augment.py): mel-band spans masked per window
     freq_mask_width: int = 7  # each spans fewer than this many bands
     time_masks: int = 0  # SpecAugment: frame spans masked per window
@@ -150,6 +152,7 @@ def corpus_config(opts: KWSOptions, seed: int) -> CorpusConfig:
             seed=seed,
             kokoro_extra=opts.kokoro_extra,
             kokoro_accents=opts.kokoro_accents,
+            rhvoice_accents=opts.rhvoice_accents,
             engines=engines_for(opts.more_engines),
         )
     return CorpusConfig(
