@@ -65,7 +65,7 @@ class EvalOptions:
     more_engines: bool = False  # the corpus with MBROLA, RHVoice and Pico (data/engines.py
     # MORE_ENGINES): their test voices too; always on for a model trained with them
     rhvoice_accents: bool = False  # with the engines, also RHVoice's voices of other languages
-    # (data/engines.py RHVOICE_ACCENTED): 17 more test voices. Never taken from the model's
+    # (data/engines.py RHVOICE_ACCENTED): 16 more test voices. Never taken from the model's
     # training options, so a model trained with them is scored on the same voices as one without
     out: str = ""  # output folder (default: MODEL_DIR/eval)
     seed: int = 0  # corpus and augmentation seed (the model's training seed by default)

@@ -6,7 +6,7 @@ and festival (kal_diphone, ked_diphone, cmu_us_slt_arctic_hts, and ten voices of
 languages reading English with their accent), Kokoro-82M (five voices and mixes of them) and
 Piper (joe), the neural voices of ``neural_tts.py``; with ``--more-engines`` also MBROLA (twenty
 recorded speakers through espeak-ng, sixteen of them reading English with another language's
-accent), RHVoice (six; with ``--rhvoice-accents`` 27 more people reading English with their own
+accent), RHVoice (six; with ``--rhvoice-accents`` 26 more people reading English with their own
 language's accent) and SVOX Pico (two) from Debian's contrib / non-free components. See
 ``engines.py`` for the speakers shared across engines (kal, slt, awb) and the respelling the
 accented festival voices are given.
