@@ -6,7 +6,8 @@ Each ``--arm NAME MODEL_DIR ...`` names a recipe and its fold checkpoints (a run
 (``{"<engine>": [commands, unknown accepted], ...}``, fractions; keys starting "_" are notes), for folds scored in an earlier
 session whose run directories are gone. Prints a Markdown table (commands on clean clips of the unheard engine,
 unknown words accepted in brackets, per fold and their mean) and, with ``--png``, a bar chart of
-the commands per fold and arm.
+the commands per fold and arm; ``--save-json FILE`` writes the last ``--arm``'s figures in the
+``--arm-json`` format, so a later session can draw them once the runs are gone.
 
     PYTHONPATH=. python training/cards/probes/fold_compare.py \\
         --arm control runs/ctl_loso-*/last --arm phonemes runs/pho_loso-*/last --png out.png
@@ -36,6 +37,7 @@ def main() -> None:
     ap.add_argument("--arm", nargs="+", action="append", default=[], metavar="NAME DIR")
     ap.add_argument("--arm-json", nargs=2, action="append", default=[], metavar=("NAME", "FILE"))
     ap.add_argument("--png", default="")
+    ap.add_argument("--save-json", default="", help="the last --arm's figures, as --arm-json")
     args = ap.parse_args()
     arms: dict[str, dict[str, tuple[float, float]]] = {}
     for name, file in args.arm_json:
@@ -45,6 +47,14 @@ def main() -> None:
         arms[name] = {h: (c, u) for h, c, u in map(fold_scores, dirs)}
     if not arms:
         ap.error("give at least one --arm or --arm-json")
+    if args.save_json:
+        if not args.arm:
+            ap.error("--save-json writes an --arm's figures: give one")
+        name, *dirs = args.arm[-1]
+        record = {"_source": f"{name}: " + ", ".join(dirs)} | {
+            h: list(v) for h, v in sorted(arms[name].items())
+        }
+        Path(args.save_json).write_text(json.dumps(record, indent=1) + "\n")
     folds = sorted({f for scores in arms.values() for f in scores})
     print("| held out | " + " | ".join(arms) + " |")
     print("|---" * (len(arms) + 1) + "|")
