@@ -76,7 +76,7 @@ def main() -> None:
 
 def plot(per: dict[str, dict[str, dict]], voices: list[str], path: str) -> None:
     """Grouped bars: commands on clean clips per voice, one bar per model."""
-    fig, ax = plt.subplots(figsize=(max(8, 0.55 * len(voices) * max(1, len(per) / 2)), 4))
+    fig, ax = plt.subplots(figsize=(max(8.0, min(16.0, 0.16 * len(voices) * len(per) + 2)), 4.2))
     width = 0.8 / len(per)
     x = np.arange(len(voices))
     for k, (name, rows) in enumerate(per.items()):
@@ -86,7 +86,7 @@ def plot(per: dict[str, dict[str, dict]], voices: list[str], path: str) -> None:
     ax.set_xticks(x, [v.split(":", 1)[1] for v in voices], rotation=60, ha="right", fontsize=8)
     ax.set_ylabel("commands recognised, clean clips (%)")
     ax.set_ylim(0, 100)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, ncol=len(per) + 1, loc="lower center", bbox_to_anchor=(0.5, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
