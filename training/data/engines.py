@@ -43,7 +43,7 @@ through ``CorpusConfig.engines`` (:data:`MORE_ENGINES`); each voice is a recorde
   (:data:`EVAL_ONLY_SPEAKERS`): no split preset trains on them. With
   ``CorpusConfig.rhvoice_accents`` also its voices of other languages reading English
   (:data:`RHVOICE_ACCENTED`: Russian, Ukrainian, Macedonian, Kyrgyz, Esperanto, Polish,
-  Albanian, Brazilian Portuguese; 26 people, 12 of them women), respelled like festival's
+  Albanian, Brazilian Portuguese; 26 voices, 14 of them women), respelled like festival's
   accented voices; ten of them are LGPL-2.1+ and train, the others are test voices only.
 - **SVOX Pico** (``libttspico-utils``, Apache-2.0): ``pico2wave -l en-US|en-GB``, two women;
   rate and pitch through its ``<speed level>`` / ``<pitch level>`` markup.
