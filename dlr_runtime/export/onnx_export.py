@@ -40,6 +40,7 @@ from torch.export import Dim
 
 from ..config import DLRConfig
 from ..recurrent import RecurrentModel
+from ..state_spec import state_spec
 from .realmath import (
     FLOAT_OF,
     ClassifierChunk,
@@ -109,9 +110,9 @@ def example_inputs(
         ]
         dyn += [{0: bdim}, {0: bdim}]
     if front_state(cfg):  # (sums of energies are never negative)
-        width = cfg.n_mels if cfg.has_pcen else cfg.feature_dim  # PCEN: sums of mel energies
+        width = state_spec(cfg)["pcen_sum" if cfg.has_pcen else "feat_sum"][0]
         args += [
-            torch.randn(batch, width, dtype=torch.float64).abs(),
+            torch.randn(batch, *width, dtype=torch.float64).abs(),
             torch.full((batch,), 2.0, dtype=torch.float64),
         ]
         dyn += [{0: bdim}, {0: bdim}]

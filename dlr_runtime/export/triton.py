@@ -38,6 +38,7 @@ from torch import nn
 from torch.export import Dim
 
 from ..recurrent import RecurrentModel
+from ..state_spec import state_spec
 from .realmath import RealCore, unexportable
 
 IDLE_TIMEOUT_US = 60_000_000  # a sequence idle for 60 s is dropped and its state freed
@@ -159,14 +160,15 @@ def triton_io(rec: RecurrentModel) -> dict:
             ("MEAN_SUM", "MEAN_SUM_OUT", "TYPE_FP64", [cfg.d_model]),
             ("MEAN_COUNT", "MEAN_COUNT_OUT", "TYPE_FP64", [1]),
         ]
+    spec = state_spec(cfg)  # the front end's state widths
     if cfg.encoder == "audio" and cfg.feature_norm_s:
         states += [
-            ("FEAT_SUM", "FEAT_SUM_OUT", "TYPE_FP64", [cfg.feature_dim]),
+            ("FEAT_SUM", "FEAT_SUM_OUT", "TYPE_FP64", list(spec["feat_sum"][0])),
             ("FEAT_COUNT", "FEAT_COUNT_OUT", "TYPE_FP64", [1]),
         ]
     if cfg.has_pcen:
         states += [
-            ("PCEN_SUM", "PCEN_SUM_OUT", "TYPE_FP64", [cfg.n_mels]),
+            ("PCEN_SUM", "PCEN_SUM_OUT", "TYPE_FP64", list(spec["pcen_sum"][0])),
             ("PCEN_COUNT", "PCEN_COUNT_OUT", "TYPE_FP64", [1]),
         ]
     return {"input": x, "output": y, "states": states}
@@ -241,11 +243,12 @@ def export_triton_onnx(rec: RecurrentModel, path: Path) -> Path:
     if cfg.decoder == "classifier":
         args += [torch.randn(b, cfg.d_model, dtype=torch.float64)]
         args += [torch.full((b, 1), 2.0, dtype=torch.float64)]
+    spec = state_spec(cfg)
     if cfg.encoder == "audio" and cfg.feature_norm_s:
-        args += [torch.randn(b, cfg.feature_dim, dtype=torch.float64)]
+        args += [torch.randn(b, *spec["feat_sum"][0], dtype=torch.float64)]
         args += [torch.full((b, 1), 2.0, dtype=torch.float64)]
     if cfg.has_pcen:  # (sums of energies are never negative)
-        args += [torch.randn(b, cfg.n_mels, dtype=torch.float64).abs()]
+        args += [torch.randn(b, *spec["pcen_sum"][0], dtype=torch.float64).abs()]
         args += [torch.full((b, 1), 2.0, dtype=torch.float64)]
     args += [torch.tensor([[1], [0]], dtype=torch.int32), torch.ones(b, 1, dtype=torch.int32)]
     args += [torch.tensor([[7], [9]], dtype=torch.uint64)]
