@@ -4,7 +4,8 @@ Each ``--arm NAME MODEL_DIR ...`` names a recipe and its fold checkpoints (a run
 ``last/``), each already scored by ``dlr-eval speech MODEL_DIR --stream-minutes 0`` (its
 ``eval/eval.json``); ``--arm-json NAME FILE`` reads an arm's figures from a JSON file instead
 (``{"<engine>": [commands, unknown accepted], ...}``, fractions; keys starting "_" are notes), for folds scored in an earlier
-session whose run directories are gone. Prints a Markdown table (commands on clean clips of the unheard engine,
+session whose run directories are gone; ``--arm-loso NAME FILE`` reads them from the fold records
+a model card keeps (``training.kws_card --save-loso``). Prints a Markdown table (commands on clean clips of the unheard engine,
 unknown words accepted in brackets, per fold and their mean) and, with ``--png``, a bar chart of
 the commands per fold and arm; ``--save-json FILE`` writes the last ``--arm``'s figures in the
 ``--arm-json`` format, so a later session can draw them once the runs are gone.
@@ -36,6 +37,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--arm", nargs="+", action="append", default=[], metavar="NAME DIR")
     ap.add_argument("--arm-json", nargs=2, action="append", default=[], metavar=("NAME", "FILE"))
+    ap.add_argument("--arm-loso", nargs=2, action="append", default=[], metavar=("NAME", "FILE"))
     ap.add_argument("--png", default="")
     ap.add_argument("--save-json", default="", help="the last --arm's figures, as --arm-json")
     args = ap.parse_args()
@@ -43,6 +45,9 @@ def main() -> None:
     for name, file in args.arm_json:
         table = json.loads(Path(file).read_text())  # keys starting "_" are notes
         arms[name] = {h: (float(v[0]), float(v[1])) for h, v in table.items() if h[0] != "_"}
+    for name, file in args.arm_loso:
+        folds = json.loads(Path(file).read_text())["folds"]
+        arms[name] = {f["engine"]: (f["clean_commands"], f["unknown_accepted"]) for f in folds}
     for name, *dirs in args.arm:
         arms[name] = {h: (c, u) for h, c, u in map(fold_scores, dirs)}
     if not arms:
