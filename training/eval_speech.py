@@ -242,7 +242,7 @@ def evaluate(model_dir: str | Path, opts: EvalOptions) -> dict[str, Any]:
             split=split,
             tiny_corpus=tiny,
             more_engines=more,
-            rhvoice_accents=more and opts.rhvoice_accents,
+            rhvoice_accents=opts.rhvoice_accents,
         ),
         seed,
     )
@@ -259,7 +259,7 @@ def evaluate(model_dir: str | Path, opts: EvalOptions) -> dict[str, Any]:
         "split": split,
         "seed": seed,
         "more_engines": more,
-        "rhvoice_accents": more and opts.rhvoice_accents,
+        "rhvoice_accents": opts.rhvoice_accents,
     }
     results["test_voices"] = sorted(set(test.voices.tolist()))
     results["sizes"] = {k: int(len(p)) for k, p in pools.items()}

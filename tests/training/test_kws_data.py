@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,8 +29,11 @@ from training.data.engines import (
     RESPELL,
     RHVOICE_ACCENTED,
     RHVOICE_VOICES,
+    EngineNotFoundError,
     TTSVoice,
     engine_text,
+    rhvoice_synthesize,
+    rhvoice_voice_installed,
 )
 from training.data.labels import SC10_LABELS
 from training.data.rooms import RoomConfig
@@ -57,9 +59,7 @@ needs = {
     )
 }
 needs["rhvoice-uk"], needs["rhvoice-eo"] = (  # voices of RHVoice's Ukrainian, Esperanto packages
-    pytest.mark.skipif(
-        not Path(f"/usr/share/RHVoice/voices/{v}").is_dir(), reason=f"RHVoice {v} not installed"
-    )
+    pytest.mark.skipif(not rhvoice_voice_installed(v), reason=f"RHVoice {v} not installed")
     for v in ("anatol", "spomenka")
 )
 #: The corpus with the opt-in engines (MBROLA, RHVoice, Pico): every preset has test voices.
@@ -181,6 +181,14 @@ def test_accented_rhvoice_voices_train_only_under_a_free_licence(preset):
         assert {v.key for v in split["test"]} == {v.key for v in usual["test"]} | restricted
     if preset == "loso-rhvoice":
         assert not trained & {v.key for v in accented}
+
+
+def test_rhvoice_accents_need_the_engine_and_a_missing_voice_is_an_error():
+    with pytest.raises(ValueError, match="more-engines"):
+        CorpusConfig(rhvoice_accents=True)  # RHVoice is not among the default engines
+    if shutil.which("RHVoice-test") is not None:  # (it would speak with another voice)
+        with pytest.raises(EngineNotFoundError, match="not installed"):
+            rhvoice_synthesize("yes", "no-such-voice", 1.0, 1.0)
 
 
 def test_accented_rhvoice_voices_read_respelled_commands_in_their_own_script():

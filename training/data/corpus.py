@@ -105,6 +105,10 @@ class CorpusConfig:
     kokoro_accents: bool = False  # also Kokoro voices reading other accents (KOKORO_ACCENTED)
     rhvoice_accents: bool = False  # also RHVoice's voices of other languages (RHVOICE_ACCENTED)
 
+    def __post_init__(self) -> None:
+        if self.rhvoice_accents and "rhvoice" not in self.engines:
+            raise ValueError("rhvoice_accents needs the RHVoice engine (--more-engines)")
+
 
 def engines_for(more_engines: bool) -> tuple[str, ...]:
     """The engines a corpus renders: the default five, and with ``more_engines`` also

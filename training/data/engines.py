@@ -437,11 +437,26 @@ def mbrola_word(word: str, voice: str, speed: int, pitch: int) -> tuple[np.ndarr
     return espeak_word(word, voice, speed, pitch)
 
 
+#: Where Debian's rhvoice-<language> packages put their voices.
+RHVOICE_VOICE_DIRS = (Path("/usr/share/RHVoice/voices"), Path("/usr/local/share/RHVoice/voices"))
+
+
+def rhvoice_voice_installed(voice: str) -> bool:
+    """Whether RHVoice has ``voice``'s data (RHVoice-test falls back to another voice, silently,
+    for a voice it does not have)."""
+    return any((d / voice).is_dir() for d in RHVOICE_VOICE_DIRS)
+
+
 def rhvoice_synthesize(
     word: str, voice: str, stretch: float, pitch: float
 ) -> tuple[np.ndarray, int]:
     """Speak ``word`` with RHVoice; ``stretch`` > 1 is slower, ``pitch`` scales the voice's."""
     exe = require("rhvoice")
+    if not rhvoice_voice_installed(voice):
+        raise EngineNotFoundError(
+            f"RHVoice voice {voice!r} is not installed; install its language's package: "
+            f"apt-get install {PACKAGES['rhvoice']}"
+        )
     # RHVoice-test's -r / -t are percentages of the voice's own rate and pitch.
     rate = int(round(100.0 / stretch))
     tone = int(round(100.0 * pitch))
