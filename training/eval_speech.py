@@ -67,6 +67,8 @@ class EvalOptions:
     rhvoice_accents: bool = False  # with the engines, also RHVoice's voices of other languages
     # (data/engines.py RHVOICE_ACCENTED): 16 more test voices. Never taken from the model's
     # training options, so a model trained with them is scored on the same voices as one without
+    pico_accents: bool = False  # with the engines, also Pico's voices of other languages
+    # (PICO_ACCENTED); they test only in the Pico fold. Not taken from the model either
     out: str = ""  # output folder (default: MODEL_DIR/eval)
     seed: int = 0  # corpus and augmentation seed (the model's training seed by default)
     max_clips: int = 0  # cap on test clips (0: all)
@@ -243,6 +245,7 @@ def evaluate(model_dir: str | Path, opts: EvalOptions) -> dict[str, Any]:
             tiny_corpus=tiny,
             more_engines=more,
             rhvoice_accents=opts.rhvoice_accents,
+            pico_accents=opts.pico_accents,
         ),
         seed,
     )
@@ -260,6 +263,7 @@ def evaluate(model_dir: str | Path, opts: EvalOptions) -> dict[str, Any]:
         "seed": seed,
         "more_engines": more,
         "rhvoice_accents": opts.rhvoice_accents,
+        "pico_accents": opts.pico_accents,
     }
     results["test_voices"] = sorted(set(test.voices.tolist()))
     results["sizes"] = {k: int(len(p)) for k, p in pools.items()}

@@ -77,6 +77,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument(
         "--rhvoice-accents", action="store_true", help="with RHVoice's voices of other languages"
     )
+    p.add_argument(
+        "--pico-accents", action="store_true", help="with Pico's voices of other languages"
+    )
     p.add_argument("--cache-dir", default="runs/sc12cache")
     p.add_argument("--workers", type=int, default=1, help="processes rendering missing clips")
     p.add_argument("--threads", type=int, default=1)
@@ -89,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         kokoro_extra=args.kokoro_extra,
         kokoro_accents=args.kokoro_accents,
         rhvoice_accents=args.rhvoice_accents,
+        pico_accents=args.pico_accents,
     )
     engines = args.engine or list(cfg.engines)
     check = check_voices(args.model_dir, cfg, engines, args.cache_dir, args.workers)

@@ -25,6 +25,7 @@ from training.data.engines import (
     FLITE_VOICES,
     MBROLA_VOICES,
     MORE_ENGINES,
+    PICO_ACCENTED,
     PICO_VOICES,
     RESPELL,
     RHVOICE_ACCENTED,
@@ -66,6 +67,8 @@ needs["rhvoice-uk"], needs["rhvoice-eo"] = (  # voices of RHVoice's Ukrainian, E
 MORE = CorpusConfig(engines=engines_for(True))
 #: ... and with RHVoice's voices of other languages.
 MORE_RH = CorpusConfig(engines=engines_for(True), rhvoice_accents=True)
+#: ... and with Pico's voices of other languages.
+MORE_PICO = CorpusConfig(engines=engines_for(True), pico_accents=True)
 
 
 def test_label_set_and_unknown_words():
@@ -191,6 +194,38 @@ def test_rhvoice_accents_need_the_engine_and_a_missing_voice_is_an_error():
             rhvoice_synthesize("yes", "no-such-voice", 1.0, 1.0)
 
 
+@pytest.mark.parametrize("preset", PRESETS)
+def test_accented_pico_voices_train_and_test_only_in_their_fold(preset):
+    voices = all_tts_voices(MORE_PICO)
+    accented = [v for v in voices if v in PICO_ACCENTED]
+    assert len(accented) == 4 and set(all_tts_voices(MORE)) < set(voices)  # opt in
+    assert {v.speaker for v in accented} == {"pico-de-DE", "pico-es-ES", "pico-fr-FR", "pico-it-IT"}
+    assert not {v.speaker for v in accented} & EVAL_ONLY_SPEAKERS
+    split = split_voices(voices, preset)
+    check_disjoint(split)
+    keys = {v.key for v in accented}
+    usual = split_voices(all_tts_voices(MORE), preset)
+    # the new voices only join a split; every voice there before keeps its place
+    for part in ("train", "valid", "test"):
+        assert [v for v in split[part] if v.key not in keys] == usual[part], part
+    where = "test" if preset == "loso-pico" else "train"
+    assert keys <= {v.key for v in split[where]}
+
+
+def test_pico_accents_need_the_engine():
+    with pytest.raises(ValueError, match="more-engines"):
+        CorpusConfig(pico_accents=True)  # Pico is not among the default engines
+
+
+def test_accented_pico_voices_read_respelled_commands_and_words_as_written():
+    for voice in PICO_ACCENTED:
+        assert sorted(RESPELL[voice.lang]) == sorted(SC10_LABELS), voice.lang
+        assert engine_text(voice, "garden") == "garden"  # other words: an accent of their own
+        assert engine_text(voice, "right") == RESPELL[voice.lang]["right"] != "right"
+    english = PICO_VOICES[0]
+    assert engine_text(english, "right") == "right"  # the English voices read the word
+
+
 def test_accented_rhvoice_voices_read_respelled_commands_in_their_own_script():
     for voice in RHVOICE_ACCENTED:
         table = RESPELL[voice.lang]
@@ -285,6 +320,7 @@ def test_voice_items_are_deterministic_from_the_seed():
         pytest.param(RHVOICE_ACCENTED[4], marks=needs["rhvoice-uk"]),  # Ukrainian, Cyrillic text
         pytest.param(RHVOICE_ACCENTED[9], marks=needs["rhvoice-eo"]),  # Esperanto
         pytest.param(PICO_VOICES[0], marks=needs["pico"]),
+        pytest.param(PICO_ACCENTED[2], marks=needs["pico"]),  # French, respelled
     ],
 )
 def test_rendering_is_deterministic(voice):

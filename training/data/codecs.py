@@ -165,11 +165,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument(
         "--rhvoice-accents", action="store_true", help="also RHVoice's voices of other languages"
     )
+    p.add_argument(
+        "--pico-accents", action="store_true", help="also Pico's voices of other languages"
+    )
     args = p.parse_args(argv)
     cfg = CorpusConfig(
         seed=args.seed,
         engines=engines_for(args.more_engines),
         rhvoice_accents=args.rhvoice_accents,
+        pico_accents=args.pico_accents,
     )
     clips = generate(cfg, args.cache_dir, args.workers)  # (renders what is missing)
     keys = render_all(args.cache_dir, cfg, list(clips.values()), args.workers)

@@ -7,7 +7,8 @@ languages reading English with their accent), Kokoro-82M (five voices and mixes 
 Piper (joe), the neural voices of ``neural_tts.py``; with ``--more-engines`` also MBROLA (twenty
 recorded speakers through espeak-ng, sixteen of them reading English with another language's
 accent), RHVoice (six; with ``--rhvoice-accents`` 26 more people reading English with their own
-language's accent) and SVOX Pico (two) from Debian's contrib / non-free components. See
+language's accent) and SVOX Pico (two; with ``--pico-accents`` four more women, its voices of
+other languages) from Debian's contrib / non-free components. See
 ``engines.py`` for the speakers shared across engines (kal, slt, awb) and the respelling the
 accented festival voices are given.
 
@@ -50,6 +51,7 @@ from training.data.engines import (
     KOKORO_VOICES,
     MBROLA_VOICES,
     MORE_ENGINES,
+    PICO_ACCENTED,
     PICO_VOICES,
     PIPER_VOICES,
     RHVOICE_ACCENTED,
@@ -104,10 +106,13 @@ class CorpusConfig:
     kokoro_extra: bool = False  # also the extra Kokoro mixes (neural_tts.KOKORO_EXTRA_BLENDS)
     kokoro_accents: bool = False  # also Kokoro voices reading other accents (KOKORO_ACCENTED)
     rhvoice_accents: bool = False  # also RHVoice's voices of other languages (RHVOICE_ACCENTED)
+    pico_accents: bool = False  # also Pico's voices of other languages (PICO_ACCENTED)
 
     def __post_init__(self) -> None:
         if self.rhvoice_accents and "rhvoice" not in self.engines:
             raise ValueError("rhvoice_accents needs the RHVoice engine (--more-engines)")
+        if self.pico_accents and "pico" not in self.engines:
+            raise ValueError("pico_accents needs the Pico engine (--more-engines)")
 
 
 def engines_for(more_engines: bool) -> tuple[str, ...]:
@@ -147,7 +152,7 @@ def all_tts_voices(cfg: CorpusConfig) -> list[TTSVoice]:
     if "rhvoice" in cfg.engines:
         out += list(RHVOICE_VOICES) + (list(RHVOICE_ACCENTED) if cfg.rhvoice_accents else [])
     if "pico" in cfg.engines:
-        out += list(PICO_VOICES)
+        out += list(PICO_VOICES) + (list(PICO_ACCENTED) if cfg.pico_accents else [])
     return sorted(out)
 
 
@@ -273,7 +278,9 @@ def render_items(voice: TTSVoice, items: Sequence[ClipItem]) -> list[np.ndarray]
             for i in items
         ]
     elif voice.engine == "pico":
-        raw = [pico_synthesize(i.word, voice.name, i.rate, i.pitch) for i in items]
+        raw = [
+            pico_synthesize(engine_text(voice, i.word), voice.name, i.rate, i.pitch) for i in items
+        ]
     else:
         raw = [espeak_word(i.word, voice.name, int(i.rate), int(i.pitch)) for i in items]
     return [_to_int16(a, r) for a, r in raw]
@@ -363,12 +370,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="store_true",
         help="with --more-engines: also RHVoice's voices of other languages reading English",
     )
+    p.add_argument(
+        "--pico-accents",
+        action="store_true",
+        help="with --more-engines: also Pico's voices of other languages reading English",
+    )
     args = p.parse_args(argv)
     cfg = CorpusConfig(
         seed=args.seed,
         kokoro_extra=args.kokoro_extra,
         kokoro_accents=args.kokoro_accents,
         rhvoice_accents=args.rhvoice_accents,
+        pico_accents=args.pico_accents,
         engines=engines_for(args.more_engines),
     )
     clips = generate(cfg, args.cache_dir, args.workers)

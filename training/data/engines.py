@@ -46,7 +46,9 @@ through ``CorpusConfig.engines`` (:data:`MORE_ENGINES`); each voice is a recorde
   Albanian, Brazilian Portuguese; 26 voices, 14 of them women), respelled like festival's
   accented voices; ten of them are LGPL-2.1+ and train, the others are test voices only.
 - **SVOX Pico** (``libttspico-utils``, Apache-2.0): ``pico2wave -l en-US|en-GB``, two women;
-  rate and pitch through its ``<speed level>`` / ``<pitch level>`` markup.
+  rate and pitch through its ``<speed level>`` / ``<pitch level>`` markup. With
+  ``CorpusConfig.pico_accents`` also its German, Spanish, French and Italian voices reading
+  English (:data:`PICO_ACCENTED`, four more women), respelled like the other accented voices.
 
 Every function returns float32 audio at the engine's native rate; callers resample.
 """
@@ -249,6 +251,16 @@ PICO_VOICES: tuple[TTSVoice, ...] = (
     TTSVoice("pico", "en-US", "pico-en-US"),
     TTSVoice("pico", "en-GB", "pico-en-GB"),
 )
+#: SVOX Pico's voices of its other four languages reading English (the same package): four
+#: more women, each a recorded person of her own, respelled like the other accented voices.
+#: Their language data comes under the same terms as the English voices (Debian's copyright
+#: file: "claims to be Apache-2.0", redistributable), so all four train like those.
+PICO_ACCENTED: tuple[TTSVoice, ...] = (
+    TTSVoice("pico", "de-DE", "pico-de-DE", "de"),  # woman
+    TTSVoice("pico", "es-ES", "pico-es-ES", "es"),  # woman
+    TTSVoice("pico", "fr-FR", "pico-fr-FR", "fr"),  # woman
+    TTSVoice("pico", "it-IT", "pico-it-IT", "it"),  # woman
+)
 
 #: The ten commands respelled in each accented voice's orthography, so that its letter-to-sound
 #: rules give (close to) the English word.
@@ -277,6 +289,12 @@ RESPELL: dict[str, dict[str, str]] = {
                on="on", off="of", stop="stop", go="gou"),
     "pt": dict(yes="iés", no="nou", up="ap", down="dáun", left="léft", right="ráit",
                on="ón", off="óf", stop="stóp", go="gou"),
+    "de": dict(yes="jes", no="nou", up="app", down="daunn", left="left", right="rait",
+               on="onn", off="off", stop="sstopp", go="gou"),
+    "es": dict(yes="iés", no="nóu", up="ap", down="dáun", left="léft", right="ráit",
+               on="on", off="of", stop="stop", go="góu"),
+    "fr": dict(yes="yèsse", no="nôou", up="ape", down="daonne", left="lèfte", right="raïte",
+               on="onne", off="offe", stop="stoppe", go="gau"),
 }  # fmt: skip
 
 #: Latin -> Cyrillic letters, for reading ``_unknown_`` words with the Russian voice.
@@ -471,7 +489,8 @@ def rhvoice_synthesize(
 
 
 def pico_synthesize(word: str, lang: str, stretch: float, pitch: float) -> tuple[np.ndarray, int]:
-    """Speak ``word`` with SVOX Pico (``lang`` en-US / en-GB) at a rate and pitch scale."""
+    """Speak ``word`` with SVOX Pico (``lang``: en-US, en-GB, or an accented voice's de-DE,
+    es-ES, fr-FR, it-IT) at a rate and pitch scale."""
     exe = require("pico")
     safe = "".join(ch for ch in word if ch.isalnum() or ch in " '-")
     text = (

@@ -131,6 +131,8 @@ class KWSOptions:
     # MORE_ENGINES; Debian contrib / non-free), in every split of the preset
     rhvoice_accents: bool = False  # with more_engines, RHVoice's voices of other languages
     # (data/engines.py RHVOICE_ACCENTED): ten train, the others are test voices (licences)
+    pico_accents: bool = False  # with more_engines, Pico's German, Spanish, French and Italian
+    # voices reading English (data/engines.py PICO_ACCENTED): four women, all train
     freq_masks: int = 0  # SpecAugment (training/spec_augment.py): mel-band spans masked per window
     freq_mask_width: int = 7  # each spans fewer than this many bands
     time_masks: int = 0  # SpecAugment: frame spans masked per window
@@ -153,6 +155,7 @@ def corpus_config(opts: KWSOptions, seed: int) -> CorpusConfig:
             kokoro_extra=opts.kokoro_extra,
             kokoro_accents=opts.kokoro_accents,
             rhvoice_accents=opts.rhvoice_accents,
+            pico_accents=opts.pico_accents,
             engines=engines_for(opts.more_engines),
         )
     return CorpusConfig(
