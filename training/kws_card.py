@@ -28,6 +28,7 @@ from training.data.engines import (
     FESTIVAL_ACCENTED,
     MBROLA_VOICES,
     MORE_ENGINES,
+    PICO_ACCENTED,
     PICO_VOICES,
     RHVOICE_ACCENTED,
     RHVOICE_VOICES,
@@ -212,6 +213,15 @@ def _data_extras(
             + f"; `RHVOICE_ACCENTED` in `training/data/engines.py`): {n_train} of its "
             f"{len(RHVOICE_ACCENTED)} voices train (LGPL-2.1+), the others are test-only "
             "(their licences); commands respelled in each language's orthography."
+        )
+    n_pico = sum(bool(o.get("pico_accents")) for o in runs_opts)
+    if n_pico:
+        extras.append(
+            "SVOX Pico's German, Spanish, French and Italian voices reading English "
+            "(`--pico-accents`"
+            + (f", in {n_pico} of the {len(runs_opts)} runs averaged" if len(runs_opts) > 1 else "")
+            + f"; `PICO_ACCENTED` in `training/data/engines.py`): {len(PICO_ACCENTED)} women, "
+            "all in training; commands respelled in each language's orthography."
         )
     for flag, what in (
         ("kokoro_extra", f"{len(KOKORO_EXTRA_BLENDS)} more mixes of the Kokoro training speakers"),

@@ -29,6 +29,8 @@ from training.data.engines import (
     PICO_VOICES,
     RESPELL,
     RHVOICE_ACCENTED,
+    RHVOICE_ACCENTED_FREE,
+    RHVOICE_ACCENTED_TEST_ONLY,
     RHVOICE_VOICES,
     EngineNotFoundError,
     TTSVoice,
@@ -167,7 +169,7 @@ def test_accented_rhvoice_voices_train_only_under_a_free_licence(preset):
     assert len(accented) == 26 and set(all_tts_voices(MORE)) < set(voices)  # opt in
     assert len({v.speaker for v in accented}) == 26  # each a person of its own ...
     assert {v.speaker for v in accented} & EVAL_ONLY_SPEAKERS == {
-        v.speaker for v in RHVOICE_ACCENTED[10:]
+        v.speaker for v in RHVOICE_ACCENTED_TEST_ONLY
     }  # ... ten of them trainable
     assert TTSVoice("rhvoice", "evgeniy-rus", "rh-evgeniy", "ru") in accented  # evgeniy-eng's
     split = split_voices(voices, preset)
@@ -176,7 +178,7 @@ def test_accented_rhvoice_voices_train_only_under_a_free_licence(preset):
     assert restricted.isdisjoint(v.key for v in split["train"] + split["valid"])
     trained = {v.key for v in split["train"]}
     if preset == "final":
-        assert {v.key for v in RHVOICE_ACCENTED[:10]} <= trained
+        assert {v.key for v in RHVOICE_ACCENTED_FREE} <= trained
         assert restricted <= {v.key for v in split["test"]}
         # the usual valid voices, and the usual test voices plus the restricted ones
         usual = split_voices(all_tts_voices(MORE), "final")
@@ -317,8 +319,10 @@ def test_voice_items_are_deterministic_from_the_seed():
         pytest.param(MBROLA_VOICES[0], marks=needs["mbrola"]),
         pytest.param(MBROLA_VOICES[9], marks=needs["mbrola"]),  # a German woman reading English
         pytest.param(RHVOICE_VOICES[2], marks=needs["rhvoice"]),
-        pytest.param(RHVOICE_ACCENTED[4], marks=needs["rhvoice-uk"]),  # Ukrainian, Cyrillic text
-        pytest.param(RHVOICE_ACCENTED[9], marks=needs["rhvoice-eo"]),  # Esperanto
+        pytest.param(
+            RHVOICE_ACCENTED_FREE[4], marks=needs["rhvoice-uk"]
+        ),  # Ukrainian, Cyrillic text
+        pytest.param(RHVOICE_ACCENTED_FREE[9], marks=needs["rhvoice-eo"]),  # Esperanto
         pytest.param(PICO_VOICES[0], marks=needs["pico"]),
         pytest.param(PICO_ACCENTED[2], marks=needs["pico"]),  # French, respelled
     ],

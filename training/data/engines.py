@@ -203,13 +203,13 @@ RHVOICE_VOICES: tuple[TTSVoice, ...] = (
 #: RHVoice's voices of other languages reading English (Debian rhvoice-<language>), each a
 #: recorded person: commands are respelled in the voice's orthography (:data:`RESPELL`), other
 #: words read as written or transliterated (:func:`engine_text`). Licences from Debian's
-#: copyright file: the first ten are LGPL-2.1+ like RHVoice's data and may be trained on; the
-#: rest carry CC BY-NC-ND / BY-ND / BY-NC-SA / BY-SA or a non-commercial licence of their own
-#: and are test voices only (:data:`EVAL_ONLY_SPEAKERS`). ``evgeniy-rus`` is the speaker of
+#: copyright file: these ten are LGPL-2.1+ like RHVoice's data and may be trained on; the
+#: others (:data:`RHVOICE_ACCENTED_TEST_ONLY`) carry CC BY-NC-ND / BY-ND / BY-NC-SA / BY-SA or
+#: a non-commercial licence of their own and are test voices only (:data:`EVAL_ONLY_SPEAKERS`). ``evgeniy-rus`` is the speaker of
 #: ``evgeniy-eng``; ``aleksandr-hq`` (a second recording of Aleksandr) is left out, and so is
 #: the Tatar ``talgat`` (rhvoice-tatar): every word it says ends in about half a second of
 #: noise above the corpus's trim level, so its clips would be scored that long after the word.
-RHVOICE_ACCENTED: tuple[TTSVoice, ...] = (
+RHVOICE_ACCENTED_FREE: tuple[TTSVoice, ...] = (
     TTSVoice("rhvoice", "aleksandr", "rh-aleksandr", "ru"),
     TTSVoice("rhvoice", "anna", "rh-anna", "ru"),  # woman
     TTSVoice("rhvoice", "elena", "rh-elena", "ru"),  # woman
@@ -220,7 +220,9 @@ RHVOICE_ACCENTED: tuple[TTSVoice, ...] = (
     TTSVoice("rhvoice", "azamat", "rh-azamat", "ky"),
     TTSVoice("rhvoice", "nazgul", "rh-nazgul", "ky"),  # woman
     TTSVoice("rhvoice", "spomenka", "rh-spomenka", "eo"),  # woman
-    # test voices only (licence)
+)
+#: ... and the test voices only (their licences, or evgeniy-eng's speaker).
+RHVOICE_ACCENTED_TEST_ONLY: tuple[TTSVoice, ...] = (
     TTSVoice("rhvoice", "arina", "rh-arina", "ru"),  # woman
     TTSVoice("rhvoice", "artemiy", "rh-artemiy", "ru"),
     TTSVoice("rhvoice", "evgeniy-rus", "rh-evgeniy", "ru"),
@@ -238,12 +240,13 @@ RHVOICE_ACCENTED: tuple[TTSVoice, ...] = (
     TTSVoice("rhvoice", "hana", "rh-hana", "sq"),  # woman
     TTSVoice("rhvoice", "Leticia-F123", "rh-leticia", "pt"),  # woman
 )
+RHVOICE_ACCENTED: tuple[TTSVoice, ...] = RHVOICE_ACCENTED_FREE + RHVOICE_ACCENTED_TEST_ONLY
 
 #: Speakers whose voice licence (CC BY-NC-ND 4.0 and the other non-free ones above) keeps them
 #: out of training: every split preset tests on them or drops them, never trains on them
 #: (``splits.py``).
 EVAL_ONLY_SPEAKERS = frozenset(
-    {"rh-evgeniy", "rh-lyubov"} | {v.speaker for v in RHVOICE_ACCENTED[10:]}
+    {"rh-evgeniy", "rh-lyubov"} | {v.speaker for v in RHVOICE_ACCENTED_TEST_ONLY}
 )
 
 #: SVOX Pico's English voices (Debian libttspico-utils): two women.
