@@ -11,9 +11,9 @@ cd "$(dirname "$0")/.."
 # English voices, ffmpeg (the multi-synthesizer speech corpus of training/data); from Debian's
 # contrib / non-free components (enabled below when the sources name main only): MBROLA with
 # twenty voices, RHVoice's English voices and SVOX Pico, the opt-in engines of
-# training/data/engines.py (MORE_ENGINES), and RHVoice's voices of eight other languages (its
-# accented speakers, `--rhvoice-accents`).
-mbrola_voices="us1 us2 us3 en1 af1 de1 de2 de3 de4 de5 de6 fr1 fr4 gr2 hu1 nl2 pl1 ro1 sw1 sw2"
+# training/data/engines.py (MORE_ENGINES), RHVoice's voices of eight other languages (its
+# accented speakers, `--rhvoice-accents`) and 28 more MBROLA speakers (`--mbrola-accents`).
+mbrola_voices="us1 us2 us3 en1 af1 de1 de2 de3 de4 de5 de6 fr1 fr4 gr2 hu1 nl2 pl1 ro1 sw1 sw2 es1 es2 es3 es4 mx1 mx2 vz1 it1 it2 it3 it4 fr2 fr3 fr5 fr6 fr7 ca1 ca2 de7 de8 br1 br2 br3 br4 pt1 cz1 cz2 nl3"
 nonfree_pkgs="mbrola $(for v in $mbrola_voices; do printf 'mbrola-%s ' "$v"; done)rhvoice rhvoice-english $(for l in russian ukrainian macedonian kyrgyz esperanto polish albanian brazilian-portuguese; do printf 'rhvoice-%s ' "$l"; done)libttspico-utils"
 apt_pkgs="espeak-ng sox chromium chromium-driver docker-compose prometheus docker.io debootstrap haproxy redis-server flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts festvox-ca-ona-hts festvox-czech-dita festvox-czech-krb festvox-czech-machac festvox-czech-ph festvox-suopuhe-lj festvox-suopuhe-mv festvox-italp16k festvox-itapc16k festvox-ru ffmpeg"
 nonfree_list=/etc/apt/sources.list.d/dlr-serve-contrib-non-free.sources

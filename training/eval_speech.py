@@ -69,6 +69,7 @@ class EvalOptions:
     # training options, so a model trained with them is scored on the same voices as one without
     pico_accents: bool = False  # with the engines, also Pico's voices of other languages
     # (PICO_ACCENTED); they test only in the Pico fold. Not taken from the model either
+    mbrola_accents: bool = False  # the same for MBROLA's (MBROLA_ACCENTED), in the MBROLA fold
     out: str = ""  # output folder (default: MODEL_DIR/eval)
     seed: int = 0  # corpus and augmentation seed (the model's training seed by default)
     max_clips: int = 0  # cap on test clips (0: all)
@@ -246,6 +247,7 @@ def evaluate(model_dir: str | Path, opts: EvalOptions) -> dict[str, Any]:
             more_engines=more,
             rhvoice_accents=opts.rhvoice_accents,
             pico_accents=opts.pico_accents,
+            mbrola_accents=opts.mbrola_accents,
         ),
         seed,
     )
@@ -264,6 +266,7 @@ def evaluate(model_dir: str | Path, opts: EvalOptions) -> dict[str, Any]:
         "more_engines": more,
         "rhvoice_accents": opts.rhvoice_accents,
         "pico_accents": opts.pico_accents,
+        "mbrola_accents": opts.mbrola_accents,
     }
     results["test_voices"] = sorted(set(test.voices.tolist()))
     results["sizes"] = {k: int(len(p)) for k, p in pools.items()}

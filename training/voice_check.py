@@ -80,6 +80,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument(
         "--pico-accents", action="store_true", help="with Pico's voices of other languages"
     )
+    p.add_argument(
+        "--mbrola-accents", action="store_true", help="with more MBROLA speakers (respelled)"
+    )
     p.add_argument("--cache-dir", default="runs/sc12cache")
     p.add_argument("--workers", type=int, default=1, help="processes rendering missing clips")
     p.add_argument("--threads", type=int, default=1)
@@ -93,6 +96,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         kokoro_accents=args.kokoro_accents,
         rhvoice_accents=args.rhvoice_accents,
         pico_accents=args.pico_accents,
+        mbrola_accents=args.mbrola_accents,
     )
     engines = args.engine or list(cfg.engines)
     check = check_voices(args.model_dir, cfg, engines, args.cache_dir, args.workers)

@@ -23,6 +23,7 @@ from training.data.engines import (
     FESTIVAL_ACCENTED,
     FESTIVAL_VOICES,
     FLITE_VOICES,
+    MBROLA_ACCENTED,
     MBROLA_VOICES,
     MORE_ENGINES,
     PICO_ACCENTED,
@@ -35,6 +36,8 @@ from training.data.engines import (
     EngineNotFoundError,
     TTSVoice,
     engine_text,
+    mbrola_voice_installed,
+    mbrola_word,
     rhvoice_synthesize,
     rhvoice_voice_installed,
 )
@@ -65,12 +68,17 @@ needs["rhvoice-uk"], needs["rhvoice-eo"] = (  # voices of RHVoice's Ukrainian, E
     pytest.mark.skipif(not rhvoice_voice_installed(v), reason=f"RHVoice {v} not installed")
     for v in ("anatol", "spomenka")
 )
+needs["mbrola-es3"] = pytest.mark.skipif(
+    not mbrola_voice_installed("mb-es3"), reason="mbrola-es3 not installed"
+)
 #: The corpus with the opt-in engines (MBROLA, RHVoice, Pico): every preset has test voices.
 MORE = CorpusConfig(engines=engines_for(True))
 #: ... and with RHVoice's voices of other languages.
 MORE_RH = CorpusConfig(engines=engines_for(True), rhvoice_accents=True)
 #: ... and with Pico's voices of other languages.
 MORE_PICO = CorpusConfig(engines=engines_for(True), pico_accents=True)
+#: ... and with MBROLA's speakers of other languages.
+MORE_MB = CorpusConfig(engines=engines_for(True), mbrola_accents=True)
 
 
 def test_label_set_and_unknown_words():
@@ -214,13 +222,36 @@ def test_accented_pico_voices_train_and_test_only_in_their_fold(preset):
     assert keys <= {v.key for v in split[where]}
 
 
-def test_pico_accents_need_the_engine():
+def test_pico_and_mbrola_accents_need_their_engine():
     with pytest.raises(ValueError, match="more-engines"):
         CorpusConfig(pico_accents=True)  # Pico is not among the default engines
+    with pytest.raises(ValueError, match="more-engines"):
+        CorpusConfig(mbrola_accents=True)
+    if shutil.which("mbrola") is not None:  # a missing database is named, with its package
+        with pytest.raises(EngineNotFoundError, match="mbrola-zz9"):
+            mbrola_word("yes", "mb-zz9-en", 160, 50)
 
 
-def test_accented_pico_voices_read_respelled_commands_and_words_as_written():
-    for voice in PICO_ACCENTED:
+@pytest.mark.parametrize("preset", PRESETS)
+def test_more_mbrola_speakers_train_and_test_only_in_their_fold(preset):
+    voices = all_tts_voices(MORE_MB)
+    accented = [v for v in voices if v in MBROLA_ACCENTED]
+    assert len(accented) == 28 and set(all_tts_voices(MORE)) < set(voices)  # opt in
+    speakers = {v.speaker for v in accented}
+    assert len(speakers) == 28 and not speakers & {v.speaker for v in MBROLA_VOICES}
+    assert not speakers & EVAL_ONLY_SPEAKERS and all(v.lang != "en" for v in accented)
+    split = split_voices(voices, preset)
+    check_disjoint(split)
+    keys = {v.key for v in accented}
+    usual = split_voices(all_tts_voices(MORE), preset)
+    for part in ("train", "valid", "test"):  # every voice there before keeps its place
+        assert [v for v in split[part] if v.key not in keys] == usual[part], part
+    where = "test" if preset == "loso-mbrola" else "train"
+    assert keys <= {v.key for v in split[where]}
+
+
+def test_accented_pico_and_mbrola_voices_read_respelled_commands_and_words_as_written():
+    for voice in PICO_ACCENTED + MBROLA_ACCENTED:
         assert sorted(RESPELL[voice.lang]) == sorted(SC10_LABELS), voice.lang
         assert engine_text(voice, "garden") == "garden"  # other words: an accent of their own
         assert engine_text(voice, "right") == RESPELL[voice.lang]["right"] != "right"
@@ -325,6 +356,7 @@ def test_voice_items_are_deterministic_from_the_seed():
         pytest.param(RHVOICE_ACCENTED_FREE[9], marks=needs["rhvoice-eo"]),  # Esperanto
         pytest.param(PICO_VOICES[0], marks=needs["pico"]),
         pytest.param(PICO_ACCENTED[2], marks=needs["pico"]),  # French, respelled
+        pytest.param(MBROLA_ACCENTED[2], marks=needs["mbrola-es3"]),  # Spanish, respelled
     ],
 )
 def test_rendering_is_deterministic(voice):

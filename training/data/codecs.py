@@ -168,12 +168,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument(
         "--pico-accents", action="store_true", help="also Pico's voices of other languages"
     )
+    p.add_argument(
+        "--mbrola-accents", action="store_true", help="also more MBROLA speakers (respelled)"
+    )
     args = p.parse_args(argv)
     cfg = CorpusConfig(
         seed=args.seed,
         engines=engines_for(args.more_engines),
         rhvoice_accents=args.rhvoice_accents,
         pico_accents=args.pico_accents,
+        mbrola_accents=args.mbrola_accents,
     )
     clips = generate(cfg, args.cache_dir, args.workers)  # (renders what is missing)
     keys = render_all(args.cache_dir, cfg, list(clips.values()), args.workers)

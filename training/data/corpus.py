@@ -6,7 +6,8 @@ and festival (kal_diphone, ked_diphone, cmu_us_slt_arctic_hts, and ten voices of
 languages reading English with their accent), Kokoro-82M (five voices and mixes of them) and
 Piper (joe), the neural voices of ``neural_tts.py``; with ``--more-engines`` also MBROLA (twenty
 recorded speakers through espeak-ng, sixteen of them reading English with another language's
-accent), RHVoice (six; with ``--rhvoice-accents`` 26 more people reading English with their own
+accent; with ``--mbrola-accents`` 28 more reading respelled English), RHVoice (six; with
+``--rhvoice-accents`` 26 more people reading English with their own
 language's accent) and SVOX Pico (two; with ``--pico-accents`` four more women, its voices of
 other languages) from Debian's contrib / non-free components. See
 ``engines.py`` for the speakers shared across engines (kal, slt, awb) and the respelling the
@@ -49,6 +50,7 @@ from training.data.engines import (
     KOKORO_ACCENT_VOICES,
     KOKORO_EXTRA_VOICES,
     KOKORO_VOICES,
+    MBROLA_ACCENTED,
     MBROLA_VOICES,
     MORE_ENGINES,
     PICO_ACCENTED,
@@ -107,12 +109,15 @@ class CorpusConfig:
     kokoro_accents: bool = False  # also Kokoro voices reading other accents (KOKORO_ACCENTED)
     rhvoice_accents: bool = False  # also RHVoice's voices of other languages (RHVOICE_ACCENTED)
     pico_accents: bool = False  # also Pico's voices of other languages (PICO_ACCENTED)
+    mbrola_accents: bool = False  # also more MBROLA speakers of other languages (MBROLA_ACCENTED)
 
     def __post_init__(self) -> None:
         if self.rhvoice_accents and "rhvoice" not in self.engines:
             raise ValueError("rhvoice_accents needs the RHVoice engine (--more-engines)")
         if self.pico_accents and "pico" not in self.engines:
             raise ValueError("pico_accents needs the Pico engine (--more-engines)")
+        if self.mbrola_accents and "mbrola" not in self.engines:
+            raise ValueError("mbrola_accents needs the MBROLA engine (--more-engines)")
 
 
 def engines_for(more_engines: bool) -> tuple[str, ...]:
@@ -148,7 +153,7 @@ def all_tts_voices(cfg: CorpusConfig) -> list[TTSVoice]:
     if "piper" in cfg.engines:
         out += list(PIPER_VOICES)
     if "mbrola" in cfg.engines:
-        out += list(MBROLA_VOICES)
+        out += list(MBROLA_VOICES) + (list(MBROLA_ACCENTED) if cfg.mbrola_accents else [])
     if "rhvoice" in cfg.engines:
         out += list(RHVOICE_VOICES) + (list(RHVOICE_ACCENTED) if cfg.rhvoice_accents else [])
     if "pico" in cfg.engines:
@@ -271,7 +276,10 @@ def render_items(voice: TTSVoice, items: Sequence[ClipItem]) -> list[np.ndarray]
         piper = neural_tts.PiperVoice(voice.name, seed)  # noise seeded per batch of items
         raw = [piper(i.word, i.rate, i.pitch) for i in items]
     elif voice.engine == "mbrola":
-        raw = [mbrola_word(i.word, voice.name, int(i.rate), int(i.pitch)) for i in items]
+        raw = [
+            mbrola_word(engine_text(voice, i.word), voice.name, int(i.rate), int(i.pitch))
+            for i in items
+        ]
     elif voice.engine == "rhvoice":
         raw = [
             rhvoice_synthesize(engine_text(voice, i.word), voice.name, i.rate, i.pitch)
@@ -375,6 +383,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="store_true",
         help="with --more-engines: also Pico's voices of other languages reading English",
     )
+    p.add_argument(
+        "--mbrola-accents",
+        action="store_true",
+        help="with --more-engines: also 28 more MBROLA speakers reading respelled English",
+    )
     args = p.parse_args(argv)
     cfg = CorpusConfig(
         seed=args.seed,
@@ -382,6 +395,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         kokoro_accents=args.kokoro_accents,
         rhvoice_accents=args.rhvoice_accents,
         pico_accents=args.pico_accents,
+        mbrola_accents=args.mbrola_accents,
         engines=engines_for(args.more_engines),
     )
     clips = generate(cfg, args.cache_dir, args.workers)

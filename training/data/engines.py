@@ -34,6 +34,9 @@ through ``CorpusConfig.engines`` (:data:`MORE_ENGINES`); each voice is a recorde
   copyright file): using them to synthesize speech with the MBROLA program is allowed; what
   they restrict is distributing the *database* (not for sale, not inside a product that is
   sold) and, for ``de4``, military use of it. We synthesize with them and distribute neither.
+  With ``CorpusConfig.mbrola_accents`` also 28 more of its speakers reading respelled English
+  in their own language (:data:`MBROLA_ACCENTED`: Spanish, Italian, French, German,
+  Portuguese, Czech, Dutch; ten women), all trainable like the twenty.
 - **RHVoice** (``rhvoice`` + ``rhvoice-english``): HTS voices, ``RHVoice-test -p VOICE -r RATE
   -t PITCH`` (percent of the voice's own); alan, bdl, clb and slt are trained on CMU ARCTIC
   speakers (alan is awb, Alan W Black, the flite voice of that name; slt the flite / festival
@@ -189,6 +192,28 @@ MBROLA_VOICES: tuple[TTSVoice, ...] = tuple(
     )
 )
 
+#: More MBROLA speakers reading English in their own language (Debian mbrola-XXN, the same
+#: licence terms as the voices above): espeak-ng has no English mapping for them, so the
+#: commands are respelled in the language's orthography (:data:`RESPELL`) and other words read
+#: as written, like the accented festival and RHVoice voices. All train (``--mbrola-accents``).
+#: ``ca1``/``ca2`` are Canadian French; ``mx``/``vz`` Mexican and Venezuelan Spanish. Left out:
+#: ``nl1``, whose database lacks diphones that a fifth of the words need (espeak-ng then
+#: renders silence).
+MBROLA_ACCENTED: tuple[TTSVoice, ...] = tuple(
+    TTSVoice("mbrola", "mb-" + name, "mb-" + name, lang)
+    for name, lang in (
+        ("es1", "es"), ("es2", "es"), ("es3", "es"), ("es4", "es"),  # es3: a woman
+        ("mx1", "es"), ("mx2", "es"), ("vz1", "es"),
+        ("it1", "it"), ("it2", "it"), ("it3", "it"), ("it4", "it"),  # it2, it4: women
+        ("fr2", "fr"), ("fr3", "fr"), ("fr5", "fr"), ("fr6", "fr"), ("fr7", "fr"),  # fr2: woman
+        ("ca1", "fr"), ("ca2", "fr"),
+        ("de7", "de"), ("de8", "de"),  # de7: a woman
+        ("br1", "pt"), ("br2", "pt"), ("br3", "pt"), ("br4", "pt"), ("pt1", "pt"),  # br2, br4, pt1
+        ("cz1", "cs"), ("cz2", "cs"),  # cz1: a woman
+        ("nl3", "nl"),  # a woman
+    )
+)  # fmt: skip
+
 #: RHVoice's English voices (Debian rhvoice-english) and their speakers: alan is CMU ARCTIC's
 #: awb and slt the ARCTIC woman of flite and festival, so they share those speakers.
 RHVOICE_VOICES: tuple[TTSVoice, ...] = (
@@ -298,6 +323,8 @@ RESPELL: dict[str, dict[str, str]] = {
                on="on", off="of", stop="stop", go="góu"),
     "fr": dict(yes="yèsse", no="nôou", up="ape", down="daonne", left="lèfte", right="raïte",
                on="onne", off="offe", stop="stoppe", go="gau"),
+    "nl": dict(yes="jes", no="noo", up="ap", down="daun", left="left", right="rait",
+               on="on", off="of", stop="stop", go="goo"),
 }  # fmt: skip
 
 #: Latin -> Cyrillic letters, for reading ``_unknown_`` words with the Russian voice.
@@ -452,9 +479,23 @@ def espeak_word(word: str, voice: str, speed: int, pitch: int) -> tuple[np.ndarr
     return espeak_synthesize(word, voice, speed, pitch)
 
 
+MBROLA_DIR = Path("/usr/share/mbrola")
+
+
+def mbrola_voice_installed(voice: str) -> bool:
+    """Whether the diphone database of espeak-ng's ``mb-XXN[-en]`` voice is installed."""
+    return (MBROLA_DIR / voice.removeprefix("mb-").removesuffix("-en")).is_dir()
+
+
 def mbrola_word(word: str, voice: str, speed: int, pitch: int) -> tuple[np.ndarray, int]:
     """An MBROLA voice through espeak-ng (``voice`` is espeak-ng's ``mb-*`` name)."""
     require("mbrola")  # espeak-ng alone would fail on an mb-* voice with a vaguer message
+    if not mbrola_voice_installed(voice):
+        db = voice.removeprefix("mb-").removesuffix("-en")
+        raise EngineNotFoundError(
+            f"MBROLA voice {db!r} is not installed: apt-get install mbrola-{db} "
+            "(scripts/setup.sh installs every voice the corpus uses)"
+        )
     return espeak_word(word, voice, speed, pitch)
 
 

@@ -133,6 +133,8 @@ class KWSOptions:
     # (data/engines.py RHVOICE_ACCENTED): ten train, the others are test voices (licences)
     pico_accents: bool = False  # with more_engines, Pico's German, Spanish, French and Italian
     # voices reading English (data/engines.py PICO_ACCENTED): four women, all train
+    mbrola_accents: bool = False  # with more_engines, 28 more MBROLA speakers reading respelled
+    # English in their own language (data/engines.py MBROLA_ACCENTED), all train
     freq_masks: int = 0  # SpecAugment (training/spec_augment.py): mel-band spans masked per window
     freq_mask_width: int = 7  # each spans fewer than this many bands
     time_masks: int = 0  # SpecAugment: frame spans masked per window
@@ -156,6 +158,7 @@ def corpus_config(opts: KWSOptions, seed: int) -> CorpusConfig:
             kokoro_accents=opts.kokoro_accents,
             rhvoice_accents=opts.rhvoice_accents,
             pico_accents=opts.pico_accents,
+            mbrola_accents=opts.mbrola_accents,
             engines=engines_for(opts.more_engines),
         )
     return CorpusConfig(
