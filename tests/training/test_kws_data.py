@@ -204,24 +204,6 @@ def test_rhvoice_accents_need_the_engine_and_a_missing_voice_is_an_error():
             rhvoice_synthesize("yes", "no-such-voice", 1.0, 1.0)
 
 
-@pytest.mark.parametrize("preset", PRESETS)
-def test_accented_pico_voices_train_and_test_only_in_their_fold(preset):
-    voices = all_tts_voices(MORE_PICO)
-    accented = [v for v in voices if v in PICO_ACCENTED]
-    assert len(accented) == 4 and set(all_tts_voices(MORE)) < set(voices)  # opt in
-    assert {v.speaker for v in accented} == {"pico-de-DE", "pico-es-ES", "pico-fr-FR", "pico-it-IT"}
-    assert not {v.speaker for v in accented} & EVAL_ONLY_SPEAKERS
-    split = split_voices(voices, preset)
-    check_disjoint(split)
-    keys = {v.key for v in accented}
-    usual = split_voices(all_tts_voices(MORE), preset)
-    # the new voices only join a split; every voice there before keeps its place
-    for part in ("train", "valid", "test"):
-        assert [v for v in split[part] if v.key not in keys] == usual[part], part
-    where = "test" if preset == "loso-pico" else "train"
-    assert keys <= {v.key for v in split[where]}
-
-
 def test_pico_and_mbrola_accents_need_their_engine():
     with pytest.raises(ValueError, match="more-engines"):
         CorpusConfig(pico_accents=True)  # Pico is not among the default engines
@@ -233,12 +215,18 @@ def test_pico_and_mbrola_accents_need_their_engine():
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-def test_more_mbrola_speakers_train_and_test_only_in_their_fold(preset):
-    voices = all_tts_voices(MORE_MB)
-    accented = [v for v in voices if v in MBROLA_ACCENTED]
-    assert len(accented) == 28 and set(all_tts_voices(MORE)) < set(voices)  # opt in
+@pytest.mark.parametrize(
+    ("cfg", "extra", "engine"),
+    [(MORE_PICO, PICO_ACCENTED, "pico"), (MORE_MB, MBROLA_ACCENTED, "mbrola")],
+    ids=["pico", "mbrola"],
+)
+def test_more_accented_speakers_train_and_test_only_in_their_fold(preset, cfg, extra, engine):
+    voices = all_tts_voices(cfg)
+    accented = [v for v in voices if v in extra]
+    assert accented == sorted(extra) and set(all_tts_voices(MORE)) < set(voices)  # opt in
     speakers = {v.speaker for v in accented}
-    assert len(speakers) == 28 and not speakers & {v.speaker for v in MBROLA_VOICES}
+    assert len(speakers) == len(extra)  # each a person of her or his own, new to the corpus
+    assert not speakers & {v.speaker for v in all_tts_voices(MORE)}
     assert not speakers & EVAL_ONLY_SPEAKERS and all(v.lang != "en" for v in accented)
     split = split_voices(voices, preset)
     check_disjoint(split)
@@ -246,7 +234,7 @@ def test_more_mbrola_speakers_train_and_test_only_in_their_fold(preset):
     usual = split_voices(all_tts_voices(MORE), preset)
     for part in ("train", "valid", "test"):  # every voice there before keeps its place
         assert [v for v in split[part] if v.key not in keys] == usual[part], part
-    where = "test" if preset == "loso-mbrola" else "train"
+    where = "test" if preset == f"loso-{engine}" else "train"
     assert keys <= {v.key for v in split[where]}
 
 
