@@ -33,6 +33,7 @@ from training.data.engines import (
     RHVOICE_ACCENTED_FREE,
     RHVOICE_ACCENTED_TEST_ONLY,
     RHVOICE_VOICES,
+    UNSAYABLE,
     EngineNotFoundError,
     TTSVoice,
     engine_text,
@@ -202,6 +203,16 @@ def test_rhvoice_accents_need_the_engine_and_a_missing_voice_is_an_error():
     if shutil.which("RHVoice-test") is not None:  # (it would speak with another voice)
         with pytest.raises(EngineNotFoundError, match="not installed"):
             rhvoice_synthesize("yes", "no-such-voice", 1.0, 1.0)
+
+
+def test_a_word_a_voice_cannot_say_is_left_out_and_the_rest_stay(monkeypatch):
+    voice = next(v for v in MBROLA_ACCENTED if v.key in UNSAYABLE)
+    (gap,) = UNSAYABLE[voice.key]
+    items = voice_items(MORE_MB, voice)
+    assert gap not in {i.word for i in items}
+    monkeypatch.setattr("training.data.corpus.UNSAYABLE", {})
+    everything = voice_items(MORE_MB, voice)
+    assert [i for i in everything if i.word != gap] == items and len(everything) == len(items) + 1
 
 
 def test_pico_and_mbrola_accents_need_their_engine():

@@ -58,6 +58,7 @@ from training.data.engines import (
     PIPER_VOICES,
     RHVOICE_ACCENTED,
     RHVOICE_VOICES,
+    UNSAYABLE,
     TTSVoice,
     can_vary_rate,
     engine_text,
@@ -182,8 +183,11 @@ def voice_items(cfg: CorpusConfig, voice: TTSVoice) -> list[ClipItem]:
             items.append(ClipItem(word, SC12_LABELS.index(word), *_other_rate(cfg, voice, rng)))
     if voice.engine in _SAMPLED_UNKNOWN:  # ~0.5 s per word for kokoro: a sample, as espeak
         n = min(cfg.neural_unknown_per_voice, len(cfg.unknown))
+        gaps = UNSAYABLE.get(voice.key, frozenset())  # drawn, then left out: the rest as before
         for i in sorted(rng.choice(len(cfg.unknown), n, replace=False).tolist()):
-            items.append(ClipItem(cfg.unknown[i], unk, *_other_rate(cfg, voice, rng)))
+            item = ClipItem(cfg.unknown[i], unk, *_other_rate(cfg, voice, rng))
+            if item.word not in gaps:
+                items.append(item)
         return items
     for word in cfg.unknown:
         for _ in range(cfg.unknown_renditions if varies else 1):

@@ -214,6 +214,14 @@ MBROLA_ACCENTED: tuple[TTSVoice, ...] = tuple(
     )
 )  # fmt: skip
 
+#: Unknown words a voice cannot say, left out of its sample: MBROLA databases lack a few
+#: diphones, and espeak-ng then renders silence (every word of every accented MBROLA voice was
+#: tried at one rate; these are the only failures).
+UNSAYABLE: dict[str, frozenset[str]] = {
+    "mbrola:mb-es3": frozenset({"yell"}),
+    "mbrola:mb-cz1": frozenset({"new"}),
+}
+
 #: RHVoice's English voices (Debian rhvoice-english) and their speakers: alan is CMU ARCTIC's
 #: awb and slt the ARCTIC woman of flite and festival, so they share those speakers.
 RHVOICE_VOICES: tuple[TTSVoice, ...] = (
