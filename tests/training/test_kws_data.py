@@ -24,6 +24,7 @@ from training.data.engines import (
     FESTIVAL_VOICES,
     FLITE_VOICES,
     MBROLA_ACCENTED,
+    MBROLA_FALLBACK,
     MBROLA_VOICES,
     MORE_ENGINES,
     PICO_ACCENTED,
@@ -39,9 +40,11 @@ from training.data.engines import (
     engine_text,
     mbrola_voice_installed,
     mbrola_word,
+    mbrola_word_or_fallback,
     rhvoice_synthesize,
     rhvoice_voice_installed,
 )
+from training.data.espeak import EspeakError
 from training.data.labels import SC10_LABELS
 from training.data.rooms import RoomConfig
 from training.data.sc12 import IGNORE, SIL, UNK, KWSWindows, WindowConfig, WordPool, clip_windows
@@ -69,8 +72,9 @@ needs["rhvoice-uk"], needs["rhvoice-eo"] = (  # voices of RHVoice's Ukrainian, E
     pytest.mark.skipif(not rhvoice_voice_installed(v), reason=f"RHVoice {v} not installed")
     for v in ("anatol", "spomenka")
 )
-needs["mbrola-es3"] = pytest.mark.skipif(
-    not mbrola_voice_installed("mb-es3"), reason="mbrola-es3 not installed"
+needs["mbrola-es3"], needs["mbrola-it1"] = (
+    pytest.mark.skipif(not mbrola_voice_installed(v), reason=f"{v} not installed")
+    for v in ("mb-es3", "mb-it1")
 )
 #: The corpus with the opt-in engines (MBROLA, RHVoice, Pico): every preset has test voices.
 MORE = CorpusConfig(engines=engines_for(True))
@@ -213,6 +217,19 @@ def test_a_word_a_voice_cannot_say_is_left_out_and_the_rest_stay(monkeypatch):
     monkeypatch.setattr("training.data.corpus.UNSAYABLE", {})
     everything = voice_items(MORE_MB, voice)
     assert [i for i in everything if i.word != gap] == items and len(everything) == len(items) + 1
+
+
+@needs["mbrola-it1"]
+def test_an_mbrola_word_silent_at_its_drawn_settings_falls_back_in_a_fixed_order():
+    voice = next(v for v in MBROLA_ACCENTED if v.name == "mb-it1")
+    text = engine_text(voice, "cup")
+    with pytest.raises(EspeakError, match="silence"):  # a reduced vowel it1 lacks, at 186 wpm
+        mbrola_word(text, voice.name, 186, 48)
+    a, rate = mbrola_word_or_fallback(text, voice.name, 186, 48)
+    b, _ = mbrola_word(text, voice.name, MBROLA_FALLBACK[0][0], 48)  # the first fallback
+    assert np.array_equal(a, b) and np.any(a) and rate == 16000
+    ok, _ = mbrola_word_or_fallback(text, voice.name, 160, 50)  # fine as drawn: unchanged
+    assert np.array_equal(ok, mbrola_word(text, voice.name, 160, 50)[0])
 
 
 def test_pico_and_mbrola_accents_need_their_engine():

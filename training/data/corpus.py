@@ -67,6 +67,7 @@ from training.data.engines import (
     festival_batch,
     flite_synthesize,
     mbrola_word,
+    mbrola_word_or_fallback,
     pico_synthesize,
     rhvoice_synthesize,
 )
@@ -280,9 +281,9 @@ def render_items(voice: TTSVoice, items: Sequence[ClipItem]) -> list[np.ndarray]
         piper = neural_tts.PiperVoice(voice.name, seed)  # noise seeded per batch of items
         raw = [piper(i.word, i.rate, i.pitch) for i in items]
     elif voice.engine == "mbrola":
+        say = mbrola_word_or_fallback if voice.lang != "en" else mbrola_word
         raw = [
-            mbrola_word(engine_text(voice, i.word), voice.name, int(i.rate), int(i.pitch))
-            for i in items
+            say(engine_text(voice, i.word), voice.name, int(i.rate), int(i.pitch)) for i in items
         ]
     elif voice.engine == "rhvoice":
         raw = [

@@ -70,7 +70,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from training.data.espeak import espeak_synthesize
+from training.data.espeak import EspeakError, espeak_synthesize
 from training.data.neural_tts import (
     KOKORO_ACCENTED,
     KOKORO_BASE,
@@ -505,6 +505,30 @@ def mbrola_word(word: str, voice: str, speed: int, pitch: int) -> tuple[np.ndarr
             "(scripts/setup.sh installs every voice the corpus uses)"
         )
     return espeak_word(word, voice, speed, pitch)
+
+
+#: Settings an MBROLA word falls back to, in order, when its drawn ones render silence.
+MBROLA_FALLBACK = ((140, None), (140, 50), (110, 50))
+
+
+def mbrola_word_or_fallback(
+    word: str, voice: str, speed: int, pitch: int
+) -> tuple[np.ndarray, int]:
+    """:func:`mbrola_word`, or where that renders silence, the same word at the first of
+    :data:`MBROLA_FALLBACK`'s settings that does not (``None``: the drawn pitch). At some rates
+    espeak-ng picks reduced vowels that a database lacks, and MBROLA replaces each diphone it
+    does not have with silence (``mb-it1`` says "cup" at 140 words a minute, not at 186). The
+    order is fixed, so a clip is still a function of its item; the last failure is raised."""
+    try:
+        return mbrola_word(word, voice, speed, pitch)
+    except EspeakError as first:
+        err: EspeakError = first
+    for s, p in MBROLA_FALLBACK:
+        try:
+            return mbrola_word(word, voice, s, pitch if p is None else p)
+        except EspeakError as e:
+            err = e
+    raise err
 
 
 #: Where Debian's rhvoice-<language> packages put their voices.
