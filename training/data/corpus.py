@@ -7,11 +7,10 @@ languages reading English with their accent), Kokoro-82M (five voices and mixes 
 Piper (joe), the neural voices of ``neural_tts.py``; with ``--more-engines`` also MBROLA (twenty
 recorded speakers through espeak-ng, sixteen of them reading English with another language's
 accent; with ``--mbrola-accents`` 28 more reading respelled English), RHVoice (six; with
-``--rhvoice-accents`` 26 more people reading English with their own
-language's accent) and SVOX Pico (two; with ``--pico-accents`` four more women, its voices of
-other languages) from Debian's contrib / non-free components. See
-``engines.py`` for the speakers shared across engines (kal, slt, awb) and the respelling the
-accented festival voices are given.
+``--rhvoice-accents`` 26 more people reading English with their own language's accent) and
+SVOX Pico (two; with ``--pico-accents`` four more women, its voices of other languages) from
+Debian's contrib / non-free components. See ``engines.py`` for the speakers shared across
+engines (kal, slt, awb) and the respelling the accented voices are given.
 
 Words: the ten commands (several renditions per voice at a speaking rate and pitch drawn from
 the seed) and the ``_unknown_`` words of ``vocab.py`` (every word for each flite/festival voice;
