@@ -26,6 +26,7 @@ from dlr_runtime import read_header
 from training.data.engines import (
     EVAL_ONLY_SPEAKERS,
     FESTIVAL_ACCENTED,
+    MBROLA_ACCENTED,
     MBROLA_VOICES,
     MORE_ENGINES,
     PICO_ACCENTED,
@@ -222,6 +223,14 @@ def _data_extras(
             + (f", in {n_pico} of the {len(runs_opts)} runs averaged" if len(runs_opts) > 1 else "")
             + f"; `PICO_ACCENTED` in `training/data/engines.py`): {len(PICO_ACCENTED)} women, "
             "all in training; commands respelled in each language's orthography."
+        )
+    n_mb = sum(bool(o.get("mbrola_accents")) for o in runs_opts)
+    if n_mb:
+        extras.append(
+            f"{len(MBROLA_ACCENTED)} more MBROLA speakers reading respelled English in their own "
+            "language (`--mbrola-accents`"
+            + (f", in {n_mb} of the {len(runs_opts)} runs averaged" if len(runs_opts) > 1 else "")
+            + "; `MBROLA_ACCENTED` in `training/data/engines.py`), all in training."
         )
     for flag, what in (
         ("kokoro_extra", f"{len(KOKORO_EXTRA_BLENDS)} more mixes of the Kokoro training speakers"),
