@@ -203,35 +203,34 @@ def _data_extras(
             )
             + " are test-only in every split (a CC BY-NC-ND 4.0 licence; `EVAL_ONLY_SPEAKERS`)."
         )
-    n_rh = sum(bool(o.get("rhvoice_accents")) for o in runs_opts)
-    if n_rh:
-        n_train = len(RHVOICE_ACCENTED) - len(
-            {v.speaker for v in RHVOICE_ACCENTED} & EVAL_ONLY_SPEAKERS
-        )
-        extras.append(
-            "RHVoice's voices of other languages reading English (`--rhvoice-accents`"
-            + (f", in {n_rh} of the {len(runs_opts)} runs averaged" if len(runs_opts) > 1 else "")
-            + f"; `RHVOICE_ACCENTED` in `training/data/engines.py`): {n_train} of its "
+    n_rh_train = len(RHVOICE_ACCENTED) - len(
+        {v.speaker for v in RHVOICE_ACCENTED} & EVAL_ONLY_SPEAKERS
+    )
+    for flag, who, where in (
+        (
+            "rhvoice_accents",
+            "RHVoice's voices of other languages reading English",
+            f"`RHVOICE_ACCENTED` in `training/data/engines.py`): {n_rh_train} of its "
             f"{len(RHVOICE_ACCENTED)} voices train (LGPL-2.1+), the others are test-only "
-            "(their licences); commands respelled in each language's orthography."
-        )
-    n_pico = sum(bool(o.get("pico_accents")) for o in runs_opts)
-    if n_pico:
-        extras.append(
-            "SVOX Pico's German, Spanish, French and Italian voices reading English "
-            "(`--pico-accents`"
-            + (f", in {n_pico} of the {len(runs_opts)} runs averaged" if len(runs_opts) > 1 else "")
-            + f"; `PICO_ACCENTED` in `training/data/engines.py`): {len(PICO_ACCENTED)} women, "
-            "all in training; commands respelled in each language's orthography."
-        )
-    n_mb = sum(bool(o.get("mbrola_accents")) for o in runs_opts)
-    if n_mb:
-        extras.append(
+            "(their licences); commands respelled in each language's orthography.",
+        ),
+        (
+            "pico_accents",
+            "SVOX Pico's German, Spanish, French and Italian voices reading English",
+            f"`PICO_ACCENTED` in `training/data/engines.py`): {len(PICO_ACCENTED)} women, "
+            "all in training; commands respelled in each language's orthography.",
+        ),
+        (
+            "mbrola_accents",
             f"{len(MBROLA_ACCENTED)} more MBROLA speakers reading respelled English in their own "
-            "language (`--mbrola-accents`"
-            + (f", in {n_mb} of the {len(runs_opts)} runs averaged" if len(runs_opts) > 1 else "")
-            + "; `MBROLA_ACCENTED` in `training/data/engines.py`), all in training."
-        )
+            "language",
+            "`MBROLA_ACCENTED` in `training/data/engines.py`), all in training.",
+        ),
+    ):
+        n = sum(bool(o.get(flag)) for o in runs_opts)
+        if n:
+            share = f", in {n} of the {len(runs_opts)} runs averaged" if len(runs_opts) > 1 else ""
+            extras.append(f"{who} (`--{flag.replace('_', '-')}`{share}; {where}")
     for flag, what in (
         ("kokoro_extra", f"{len(KOKORO_EXTRA_BLENDS)} more mixes of the Kokoro training speakers"),
         (

@@ -18,7 +18,14 @@ import numpy as np
 import torch
 
 from dlr_runtime import load_checkpoint
-from training.data.corpus import CorpusConfig, all_tts_voices, engines_for, generate
+from training.data.corpus import (
+    CorpusConfig,
+    accent_options,
+    add_accent_args,
+    all_tts_voices,
+    engines_for,
+    generate,
+)
 from training.data.rooms import rir_bank
 from training.data.sc12 import SIL, UNK, WordPool, clip_windows
 from training.eval_speech import clip_report, frame_scores
@@ -74,15 +81,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--more-engines", action="store_true", help="the corpus with the engines")
     p.add_argument("--kokoro-extra", action="store_true", help="with the extra Kokoro mixes")
     p.add_argument("--kokoro-accents", action="store_true", help="with the accented Kokoro voices")
-    p.add_argument(
-        "--rhvoice-accents", action="store_true", help="with RHVoice's voices of other languages"
-    )
-    p.add_argument(
-        "--pico-accents", action="store_true", help="with Pico's voices of other languages"
-    )
-    p.add_argument(
-        "--mbrola-accents", action="store_true", help="with more MBROLA speakers (respelled)"
-    )
+    add_accent_args(p)
     p.add_argument("--cache-dir", default="runs/sc12cache")
     p.add_argument("--workers", type=int, default=1, help="processes rendering missing clips")
     p.add_argument("--threads", type=int, default=1)
@@ -94,9 +93,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         engines=engines_for(args.more_engines),
         kokoro_extra=args.kokoro_extra,
         kokoro_accents=args.kokoro_accents,
-        rhvoice_accents=args.rhvoice_accents,
-        pico_accents=args.pico_accents,
-        mbrola_accents=args.mbrola_accents,
+        **accent_options(args),
     )
     engines = args.engine or list(cfg.engines)
     check = check_voices(args.model_dir, cfg, engines, args.cache_dir, args.workers)

@@ -33,7 +33,15 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from training.data.corpus import CorpusConfig, VoiceClips, cache_key, engines_for, generate
+from training.data.corpus import (
+    CorpusConfig,
+    VoiceClips,
+    accent_options,
+    add_accent_args,
+    cache_key,
+    engines_for,
+    generate,
+)
 from training.data.labels import SAMPLE_RATE
 
 GAP = SAMPLE_RATE // 5  # silence between clips inside one encoded stream
@@ -162,22 +170,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--more-engines", action="store_true", help="also MBROLA, RHVoice and Pico")
-    p.add_argument(
-        "--rhvoice-accents", action="store_true", help="also RHVoice's voices of other languages"
-    )
-    p.add_argument(
-        "--pico-accents", action="store_true", help="also Pico's voices of other languages"
-    )
-    p.add_argument(
-        "--mbrola-accents", action="store_true", help="also more MBROLA speakers (respelled)"
-    )
+    add_accent_args(p)
     args = p.parse_args(argv)
     cfg = CorpusConfig(
         seed=args.seed,
         engines=engines_for(args.more_engines),
-        rhvoice_accents=args.rhvoice_accents,
-        pico_accents=args.pico_accents,
-        mbrola_accents=args.mbrola_accents,
+        **accent_options(args),
     )
     clips = generate(cfg, args.cache_dir, args.workers)  # (renders what is missing)
     keys = render_all(args.cache_dir, cfg, list(clips.values()), args.workers)

@@ -121,6 +121,30 @@ class CorpusConfig:
             raise ValueError("mbrola_accents needs the MBROLA engine (--more-engines)")
 
 
+#: The opt-in sets of accented speakers of the contrib / non-free engines: the CorpusConfig
+#: field (also the command-line flag, with dashes) and what it adds.
+ACCENT_SETS = {
+    "rhvoice_accents": "RHVoice's voices of other languages reading English",
+    "pico_accents": "Pico's voices of other languages reading English",
+    "mbrola_accents": "28 more MBROLA speakers reading respelled English",
+}
+
+
+def add_accent_args(p: argparse.ArgumentParser) -> None:
+    """The ``--rhvoice-accents`` / ``--pico-accents`` / ``--mbrola-accents`` flags."""
+    for name, what in ACCENT_SETS.items():
+        p.add_argument(
+            "--" + name.replace("_", "-"),
+            action="store_true",
+            help=f"with --more-engines: also {what}",
+        )
+
+
+def accent_options(args: argparse.Namespace) -> dict[str, bool]:
+    """The CorpusConfig fields of :func:`add_accent_args`'s flags."""
+    return {name: vars(args)[name] for name in ACCENT_SETS}
+
+
 def engines_for(more_engines: bool) -> tuple[str, ...]:
     """The engines a corpus renders: the default five, and with ``more_engines`` also
     :data:`~training.data.engines.MORE_ENGINES`."""
@@ -377,30 +401,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="store_true",
         help="also MBROLA, RHVoice and SVOX Pico (Debian contrib / non-free; scripts/setup.sh)",
     )
-    p.add_argument(
-        "--rhvoice-accents",
-        action="store_true",
-        help="with --more-engines: also RHVoice's voices of other languages reading English",
-    )
-    p.add_argument(
-        "--pico-accents",
-        action="store_true",
-        help="with --more-engines: also Pico's voices of other languages reading English",
-    )
-    p.add_argument(
-        "--mbrola-accents",
-        action="store_true",
-        help="with --more-engines: also 28 more MBROLA speakers reading respelled English",
-    )
+    add_accent_args(p)
     args = p.parse_args(argv)
     cfg = CorpusConfig(
         seed=args.seed,
         kokoro_extra=args.kokoro_extra,
         kokoro_accents=args.kokoro_accents,
-        rhvoice_accents=args.rhvoice_accents,
-        pico_accents=args.pico_accents,
-        mbrola_accents=args.mbrola_accents,
         engines=engines_for(args.more_engines),
+        **accent_options(args),
     )
     clips = generate(cfg, args.cache_dir, args.workers)
     by_engine: dict[str, list[int]] = {}

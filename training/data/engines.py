@@ -238,8 +238,8 @@ RHVOICE_VOICES: tuple[TTSVoice, ...] = (
 #: words read as written or transliterated (:func:`engine_text`). Licences from Debian's
 #: copyright file: these ten are LGPL-2.1+ like RHVoice's data and may be trained on; the
 #: others (:data:`RHVOICE_ACCENTED_TEST_ONLY`) carry CC BY-NC-ND / BY-ND / BY-NC-SA / BY-SA or
-#: a non-commercial licence of their own and are test voices only (:data:`EVAL_ONLY_SPEAKERS`). ``evgeniy-rus`` is the speaker of
-#: ``evgeniy-eng``; ``aleksandr-hq`` (a second recording of Aleksandr) is left out, and so is
+#: a non-commercial licence of their own and are test voices only (:data:`EVAL_ONLY_SPEAKERS`).
+#: ``evgeniy-rus`` is the speaker of ``evgeniy-eng``; ``aleksandr-hq`` (a second recording of Aleksandr) is left out, and so is
 #: the Tatar ``talgat`` (rhvoice-tatar): every word it says ends in about half a second of
 #: noise above the corpus's trim level, so its clips would be scored that long after the word.
 RHVOICE_ACCENTED_FREE: tuple[TTSVoice, ...] = (
@@ -490,16 +490,21 @@ def espeak_word(word: str, voice: str, speed: int, pitch: int) -> tuple[np.ndarr
 MBROLA_DIR = Path("/usr/share/mbrola")
 
 
+def _mbrola_database(voice: str) -> str:
+    """The diphone database of espeak-ng's ``mb-XXN[-en]`` voice (``XXN``)."""
+    return voice.removeprefix("mb-").removesuffix("-en")
+
+
 def mbrola_voice_installed(voice: str) -> bool:
     """Whether the diphone database of espeak-ng's ``mb-XXN[-en]`` voice is installed."""
-    return (MBROLA_DIR / voice.removeprefix("mb-").removesuffix("-en")).is_dir()
+    return (MBROLA_DIR / _mbrola_database(voice)).is_dir()
 
 
 def mbrola_word(word: str, voice: str, speed: int, pitch: int) -> tuple[np.ndarray, int]:
     """An MBROLA voice through espeak-ng (``voice`` is espeak-ng's ``mb-*`` name)."""
     require("mbrola")  # espeak-ng alone would fail on an mb-* voice with a vaguer message
     if not mbrola_voice_installed(voice):
-        db = voice.removeprefix("mb-").removesuffix("-en")
+        db = _mbrola_database(voice)
         raise EngineNotFoundError(
             f"MBROLA voice {db!r} is not installed: apt-get install mbrola-{db} "
             "(scripts/setup.sh installs every voice the corpus uses)"
