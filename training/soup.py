@@ -18,6 +18,12 @@ a run trained with `--ema-decay`). The contract, checked before anything is writ
 `--with-start` also averages in the starting point itself (the runs' `--init-from` checkpoint
 as it is at averaging time), one member among the others; then one run is enough.
 
+`--start DIR` names that starting point instead, for runs whose `--init-from` paths differ or
+have since been overwritten (e.g. fine-tunes of a model that was shipped as
+`models/speech-commands` and later replaced, beside fine-tunes of its copy restored from
+git). The caller vouches that every run started from DIR's weights: the soup records DIR and
+each run's own `init_from`, but cannot check weights the runs did not keep.
+
 The soup is the plain mean of every floating-point tensor (accumulated in float64, stored in
 the ingredients' dtype); any other tensor must be equal across runs. The output is a run
 directory like a training run's, so `dlr-eval` and the model cards read it unchanged:
@@ -71,6 +77,7 @@ class Ingredient:
         return {
             "run": str(self.run),
             "checkpoint": self.checkpoint,
+            "init_from": self.init_from,
             "command": s.get("command"),
             "steps": s.get("steps"),
             "train_time_s": s.get("train_time_s"),
@@ -100,9 +107,12 @@ def read_ingredient(run: Path, checkpoint: str = MODEL_DIR) -> Ingredient:
     return Ingredient(run, summary, header, checkpoint)
 
 
-def check_ingredients(items: Sequence[Ingredient], with_start: bool = False) -> None:
+def check_ingredients(
+    items: Sequence[Ingredient], with_start: bool = False, start: Path | None = None
+) -> None:
     """Raise SoupError unless `items` can be averaged (the module docstring's contract); with
-    their starting point averaged in, one run is enough."""
+    their starting point averaged in, one run is enough; with `start` named, their own
+    `init_from` paths may differ."""
     need = 1 if with_start else 2
     if len(items) < need:
         raise SoupError(f"a soup needs at least {need} run(s), got {len(items)}")
@@ -120,7 +130,7 @@ def check_ingredients(items: Sequence[Ingredient], with_start: bool = False) -> 
             raise SoupError(f"{item.run}'s model config differs from {first.run}'s")
         if not item.init_from:
             raise SoupError(f"{item.run} was trained from scratch: a soup averages fine-tunes")
-        if Path(item.init_from).resolve() != Path(first.init_from).resolve():
+        if start is None and Path(item.init_from).resolve() != Path(first.init_from).resolve():
             raise SoupError(
                 f"{item.run} started from {item.init_from}, {first.run} from {first.init_from}: "
                 "a soup averages fine-tunes of the same weights"
@@ -144,9 +154,10 @@ def average_state(states: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.
     return out
 
 
-def start_model(items: Sequence[Ingredient]) -> DLRModel:
-    """The weights the runs were fine-tuned from (their common `--init-from`), as it is now."""
-    path = Path(items[0].init_from)
+def start_model(items: Sequence[Ingredient], start: Path | None = None) -> DLRModel:
+    """The weights the runs were fine-tuned from (`start`, or else their common `--init-from`
+    as it is now)."""
+    path = start if start is not None else Path(items[0].init_from)
     try:
         header = read_header(path)
     except CheckpointError as e:
@@ -160,13 +171,15 @@ def start_model(items: Sequence[Ingredient]) -> DLRModel:
     return model
 
 
-def soup_model(items: Sequence[Ingredient], with_start: bool = False) -> DLRModel:
+def soup_model(
+    items: Sequence[Ingredient], with_start: bool = False, start: Path | None = None
+) -> DLRModel:
     """The averaged network (eval mode) of runs that passed `check_ingredients`; with
     `with_start`, their starting point is averaged in as one more member (as in WiSE-FT,
     Wortsman et al., CVPR 2022, which interpolates a model and its fine-tune)."""
     models = [load_checkpoint(i.model_dir) for i in items]
     if with_start:
-        models.append(start_model(items))
+        models.append(start_model(items, start))
     soup = models[0]
     assert isinstance(soup, DLRModel)
     soup.load_state_dict(average_state([m.state_dict() for m in models]))
@@ -179,12 +192,13 @@ def make_soup(
     command: str = "",
     with_start: bool = False,
     checkpoint: str = MODEL_DIR,
+    start: Path | None = None,
 ) -> dict[str, Any]:
-    """Average `runs`' `checkpoint` (and, `with_start`, their starting point) into the run
-    directory `out`; returns its summary."""
+    """Average `runs`' `checkpoint` (and, `with_start`, their starting point: `start` or
+    their common `--init-from`) into the run directory `out`; returns its summary."""
     items = [read_ingredient(Path(r), checkpoint) for r in runs]
-    check_ingredients(items, with_start)
-    model = soup_model(items, with_start)
+    check_ingredients(items, with_start, start)
+    model = soup_model(items, with_start, start)
     recipe = recipe_from_summary(items[0].summary)
     out.mkdir(parents=True, exist_ok=True)
     results = recipe.finish(model, torch.device("cpu"), out)
@@ -195,7 +209,7 @@ def make_soup(
         "recipe_options": first["recipe_options"],
         "train": {**first["train"], "out_dir": str(out)},
         "soup": {
-            "init_from": items[0].init_from,
+            "init_from": str(start) if start is not None else items[0].init_from,
             "with_start": with_start,
             "ingredients": [i.record() for i in items],
         },
@@ -261,10 +275,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="each run's best checkpoint (model/), its last step's (last/) or its weight "
         "average at its last epoch end (ema/, runs with --ema-decay)",
     )
+    p.add_argument(
+        "--start",
+        type=Path,
+        help="the weights every run started from, when their --init-from paths differ or now "
+        "hold other weights (you vouch for it); averaged in with --with-start",
+    )
     args = parse_tool_args(p, argv)
     command = tool_command("training.soup", argv)
     try:
-        summary = make_soup(args.runs, args.out, command, args.with_start, args.checkpoint)
+        summary = make_soup(
+            args.runs, args.out, command, args.with_start, args.checkpoint, args.start
+        )
     except SoupError as e:
         p.exit(2, f"error: {e}\n")
     print(json.dumps({"out": str(args.out), "valid": summary.get("valid")}, indent=1))

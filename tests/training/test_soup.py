@@ -142,3 +142,26 @@ def test_with_start_averages_in_the_weights_the_runs_started_from(runs, tmp_path
     a, base = parts[0], parts[2]
     for name, t in load_checkpoint(one / "model").state_dict().items():
         assert torch.allclose(t, (a[name] + base[name]) / 2, atol=1e-6), name
+
+
+def test_start_names_the_weights_of_runs_whose_init_paths_differ(runs, tmp_path: Path) -> None:
+    """Fine-tunes of one model kept at two paths (e.g. a shipped model later replaced, and its
+    copy restored from git): refused as they are, averaged once --start names the weights."""
+    copy = tmp_path / "base_copy"
+    shutil.copytree(runs["base"] / "model", copy)
+    moved = tmp_path / "ft_c"
+    base = ["lm", "--text", str(runs["text"]), "--arch", "dlr", *TINY_LM, "--out-dir", str(moved)]
+    assert train_main([*base, "--init-from", str(copy), "--lr", "0.005"]) == 0
+    with pytest.raises(SoupError, match="fine-tunes of the same weights"):
+        check_ingredients([read_ingredient(runs["ft_a"]), read_ingredient(moved)])
+    out = tmp_path / "soup"
+    argv = [str(runs["ft_a"]), str(moved), "--with-start", "--start", str(copy), "--out", str(out)]
+    assert soup_main(argv) is None
+    parts = [
+        load_checkpoint(p).state_dict() for p in (runs["ft_a"] / "model", moved / "model", copy)
+    ]
+    for name, t in load_checkpoint(out / "model").state_dict().items():
+        assert torch.allclose(t, sum(p[name] for p in parts) / 3, atol=1e-6), name
+    soup = json.loads((out / "summary.json").read_text())["soup"]
+    assert soup["init_from"] == str(copy)
+    assert [i["init_from"] for i in soup["ingredients"]] == [str(runs["base"] / "model"), str(copy)]

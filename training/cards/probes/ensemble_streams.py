@@ -36,21 +36,29 @@ GRID = sorted({*THRESHOLDS, 0.45, 0.55, 0.65, 0.82, 0.83, 0.84, 0.94, 0.96})
 SPLITS = ("valid", "test")
 
 
-def _streams(minutes: float) -> dict[str, list]:
-    pools = load_split(KWSOptions(split="final"), 0)
+def _streams(minutes: float, more_engines: bool) -> dict[str, list]:
+    """`dlr-eval speech`'s valid and test streams of a model trained on the "final" split
+    (seed 0; `more_engines` as its recipe: every model since the eighth session's)."""
+    pools = load_split(KWSOptions(split="final", more_engines=more_engines), 0)
     rirs = rir_bank(KWSOptions().cache_dir, seed=0)
     return {name: split_streams(pools, name, minutes, rirs, 0) for name in SPLITS}
 
 
-def dump(model_dir: str, out: str, minutes: float) -> None:
+def dump(model_dir: str, out: str, minutes: float, more_engines: bool) -> None:
     torch.set_num_threads(1)
     model = load_checkpoint(model_dir).eval()
     rec = to_recurrent(model, dtype=torch.complex64)
     arrays = {}
-    for name, streams in _streams(minutes).items():
+    for name, streams in _streams(minutes, more_engines).items():
         for i, s in enumerate(streams):
             arrays[f"{name}_{i}"] = gated_scores(rec, s.audio).astype(np.float32)
-    np.savez(out, labels=np.array(model.config.labels), minutes=minutes, **arrays)
+    np.savez(
+        out,
+        labels=np.array(model.config.labels),
+        minutes=minutes,
+        more_engines=more_engines,
+        **arrays,
+    )
     print(f"{model_dir}: {len(arrays)} streams -> {out}", flush=True)
 
 
@@ -67,7 +75,10 @@ def combine(paths: list[str], minutes: float, template: str) -> None:
         raise SystemExit("members disagree on the label set")
     if any(float(d["minutes"]) != minutes for d in dumps):
         raise SystemExit(f"every member must be dumped with --minutes {minutes:g}")
-    streams = _streams(minutes)  # rebuilt (deterministic): the dumps keep scores, not words
+    more = bool(dumps[0].get("more_engines", False))  # dumps before the flag: base engines
+    if any(bool(d.get("more_engines", False)) != more for d in dumps):
+        raise SystemExit("members were dumped with and without --more-engines")
+    streams = _streams(minutes, more)  # rebuilt (deterministic): the dumps keep scores, not words
     model = load_checkpoint(template)
     frame_ms = 1000 * model.config.frame_stride / model.config.sample_rate
     base = replace(KWSConfig.from_metadata(model.checkpoint_metadata), keywords={})
@@ -101,6 +112,11 @@ if __name__ == "__main__":
     d = sub.add_parser("dump")
     d.add_argument("model")
     d.add_argument("out")
+    d.add_argument(
+        "--more-engines",
+        action="store_true",
+        help="the streams of the eighth session's engines (every model trained with them)",
+    )
     c = sub.add_parser("combine")
     c.add_argument("dumps", nargs="+")
     c.add_argument("--template", default="models/speech-commands")
@@ -108,6 +124,6 @@ if __name__ == "__main__":
         p.add_argument("--minutes", type=float, default=60.0)
     a = ap.parse_args()
     if a.cmd == "dump":
-        dump(a.model, a.out, a.minutes)
+        dump(a.model, a.out, a.minutes, a.more_engines)
     else:
         combine(a.dumps, a.minutes, a.template)
