@@ -16,7 +16,7 @@ may look at), the test streams at that point, and the best test recall within 0.
 
     PYTHONPATH=. python training/cards/probes/ensemble_streams.py dump MODEL STAGE1.npz --more-engines
     PYTHONPATH=. python training/cards/probes/verify_streams.py STAGE1.npz \\
-        self=models/speech-commands other=runs/m16_mbsoup4/model [--window-s 1.0]
+        self=models/speech-commands other=runs/m16_mbsoup4/model@1.5 [--window-s 1.0] [--png P]
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def _report_point(name: str, v: dict, t: dict, target: float) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("stage1", help="ensemble_streams.py dump of the stage-1 model")
-    ap.add_argument("verifiers", nargs="*", help="NAME=MODEL_DIR")
+    ap.add_argument("verifiers", nargs="*", help="NAME=MODEL_DIR[@WINDOW_S]")
     ap.add_argument("--template", default="models/speech-commands")
     ap.add_argument("--window-s", type=float, nargs="+", default=[1.0])
     ap.add_argument("--lookahead-s", type=float, nargs="+", default=[0.0])
@@ -150,6 +150,7 @@ def main() -> None:
     )
     ap.add_argument("--fa-target", type=float, nargs="+", default=[10.0])
     ap.add_argument("--minutes", type=float, default=60.0)
+    ap.add_argument("--png", help="plot each row's best recall by false-accept budget")
     a = ap.parse_args()
     torch.set_num_threads(2)
     dump = np.load(a.stage1)
@@ -165,15 +166,47 @@ def main() -> None:
         f"| best test within {lims} FA/h |"
     )
     print("|---|---|---|---|")
-    report(
-        "none (the detector alone)", grid(dump, streams, labels, base, frame_ms, None), a.fa_target
-    )
+    rows = {"none (the detector alone)": grid(dump, streams, labels, base, frame_ms, None)}
+    report("none (the detector alone)", rows["none (the detector alone)"], a.fa_target)
     for spec in a.verifiers:
         name, path = spec.split("=", 1)
-        for w, ahead, k in itertools.product(a.window_s, a.lookahead_s, a.frames):
+        windows = a.window_s
+        if "@" in path:  # NAME=MODEL_DIR@WINDOW_S: this verifier's own window
+            path, own = path.rsplit("@", 1)
+            windows = [float(own)]
+        for w, ahead, k in itertools.product(windows, a.lookahead_s, a.frames):
             ver = Verifier(path, w, ahead, k)
-            g = grid(dump, streams, labels, base, frame_ms, ver)
-            report(f"{name}, {w:g} s, +{ahead:g} s, {k} frames", g, a.fa_target)
+            row = f"{name}, {w:g} s, +{ahead:g} s, {k} frames"
+            rows[row] = grid(dump, streams, labels, base, frame_ms, ver)
+            report(row, rows[row], a.fa_target)
+    if a.png:
+        plot(rows, a.png)
+
+
+def plot(rows: dict[str, dict], png: str) -> None:
+    """Valid and test panels: each row's best recall within each budget (a step curve)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    budgets = np.arange(0, 31)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, split in zip(axes, ("valid", "test"), strict=True):
+        for name, g in rows.items():
+            curve = g[split]
+            best = [max((r for r, fa in curve.values() if fa <= b), default=0.0) for b in budgets]
+            ax.step(budgets, 100 * np.array(best), where="post", label=name)
+        ax.axvline(10, color="grey", ls=":", lw=1)
+        ax.set_title(f"{split} streams (1 h): best recall over the grid")
+        ax.set_xlabel("false accepts per hour, at most")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("commands detected (%)")
+    axes[1].legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    print(f"-> {png}", flush=True)
 
 
 if __name__ == "__main__":
