@@ -23,21 +23,17 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from ensemble_streams import _streams  # noqa: E402
-
-from dlr_runtime import load_checkpoint  # noqa: E402
-from dlr_runtime.kws import Detection, KeywordSpotter, KWSConfig, commands_of, softmax  # noqa: E402
-from training.eval_speech import THRESHOLDS  # noqa: E402
-from training.streams import match  # noqa: E402
+from dlr_runtime import load_checkpoint
+from dlr_runtime.kws import Detection, KeywordSpotter, KWSConfig, commands_of, softmax
+from training.data.rooms import rir_bank
+from training.eval_speech import THRESHOLDS, split_streams
+from training.recipes.kws import KWSOptions, load_split
+from training.streams import match
 
 T1 = tuple(t for t in THRESHOLDS if t >= 0.5)  # dlr-eval speech's own grid
 T2 = (0.0, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98)
@@ -159,7 +155,11 @@ def main() -> None:
     frame_ms = 1000 * model.config.frame_stride / model.config.sample_rate
     base = replace(KWSConfig.from_metadata(model.checkpoint_metadata), keywords={})
     print(f"stage 1: {a.stage1}, smoothing {base.smooth_ms:g} ms", flush=True)
-    streams = _streams(a.minutes, bool(dump.get("more_engines", False)))
+    # the streams the dump was scored on (ensemble_streams.py: the "final" split, seed 0)
+    opts = KWSOptions(split="final", more_engines=bool(dump.get("more_engines", False)))
+    pools = load_split(opts, 0)
+    rirs = rir_bank(opts.cache_dir, seed=0)
+    streams = {n: split_streams(pools, n, a.minutes, rirs, 0) for n in ("valid", "test")}
     lims = " / ".join(f"{x:g}" for x in LIMITS)
     print(
         f"| verifier | valid point within the target -> test | best valid within {lims} FA/h "
