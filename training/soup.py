@@ -135,6 +135,8 @@ def check_ingredients(
                 f"{item.run} started from {item.init_from}, {first.run} from {first.init_from}: "
                 "a soup averages fine-tunes of the same weights"
             )
+    if start is not None:
+        start_path(items, start)  # named: it must exist and fit, averaged in or not
 
 
 def average_state(states: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -154,9 +156,9 @@ def average_state(states: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.
     return out
 
 
-def start_model(items: Sequence[Ingredient], start: Path | None = None) -> DLRModel:
-    """The weights the runs were fine-tuned from (`start`, or else their common `--init-from`
-    as it is now)."""
+def start_path(items: Sequence[Ingredient], start: Path | None = None) -> Path:
+    """The runs' starting point (`start`, or else their common `--init-from` as it is now),
+    checked to be a training checkpoint of their config (SoupError otherwise)."""
     path = start if start is not None else Path(items[0].init_from)
     try:
         header = read_header(path)
@@ -166,7 +168,12 @@ def start_model(items: Sequence[Ingredient], start: Path | None = None) -> DLRMo
         raise SoupError(
             f"the runs' starting point {path} is not a training checkpoint of their config"
         )
-    model = load_checkpoint(path)
+    return path
+
+
+def start_model(items: Sequence[Ingredient], start: Path | None = None) -> DLRModel:
+    """The weights the runs were fine-tuned from (`start_path`)."""
+    model = load_checkpoint(start_path(items, start))
     assert isinstance(model, DLRModel)
     return model
 

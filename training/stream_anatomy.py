@@ -137,14 +137,20 @@ def anatomy(
     return out
 
 
+def word_at(t: float, events: list[Event], delay: int) -> Event | None:
+    """The word a detection at sample `t` fired on: the last one that started before `t` and
+    ended at most `delay` samples earlier (the window ``match`` gives a command), or None."""
+    on = [e for e in events if e.start <= t <= e.end + delay]
+    return on[-1] if on else None
+
+
 def _false_kind(
     t: float, label: str, events: list[Event], labels: list[str], delay: int
 ) -> tuple[str, str | None]:
     """The kind of a false accept of `label` at sample `t` and, on an unknown word, the word."""
-    on = [e for e in events if e.start <= t <= e.end + delay]
-    if not on:
+    e = word_at(t, events, delay)
+    if e is None:
         return "no_word", None
-    e = on[-1]
     if e.label == UNK:
         return ("near_miss_word" if e.word in NEAR_MISSES else "other_word"), e.word
     return ("repeat" if labels[e.label] == label else "other_command"), None

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlr_runtime import load_checkpoint, load_recurrent
+from dlr_runtime import load_checkpoint, load_recurrent, save_checkpoint
 from training.cli import main as train_main
 from training.soup import SoupError, average_state, check_ingredients, read_ingredient
 from training.soup import main as soup_main
@@ -165,3 +165,28 @@ def test_start_names_the_weights_of_runs_whose_init_paths_differ(runs, tmp_path:
     soup = json.loads((out / "summary.json").read_text())["soup"]
     assert soup["init_from"] == str(copy)
     assert [i["init_from"] for i in soup["ingredients"]] == [str(runs["base"] / "model"), str(copy)]
+
+
+def test_a_start_that_is_not_the_runs_checkpoint_is_refused(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """--start is checked whether or not it is averaged in: a missing path, or a checkpoint of
+    another config, exits 2 with the reason and writes nothing."""
+    argv = [str(runs["ft_a"]), str(runs["ft_b"]), "--out", str(tmp_path / "soup")]
+    with pytest.raises(SystemExit) as err:
+        soup_main([*argv, "--start", str(tmp_path / "missing")])
+    assert err.value.code == 2 and "the runs' starting point" in capsys.readouterr().err
+    other = tmp_path / "other_cfg"
+    model = load_checkpoint(runs["base"] / "model")
+    small = type(model.config).from_dict({**model.config.to_dict(), "d_state": 4})
+    save_checkpoint(type(model)(small), other)
+    with pytest.raises(SystemExit) as err:
+        soup_main([*argv, "--with-start", "--start", str(other)])
+    assert err.value.code == 2 and "not a training checkpoint of their config" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "soup").exists()
+    assert soup_main([*argv, "--start", str(runs["base"] / "model")]) is None  # not averaged in
+    a, b = (load_checkpoint(runs[r] / "model").state_dict() for r in ("ft_a", "ft_b"))
+    for name, t in load_checkpoint(tmp_path / "soup" / "model").state_dict().items():
+        assert torch.allclose(t, (a[name] + b[name]) / 2, atol=1e-6), name

@@ -40,19 +40,16 @@ from training.data.labels import SAMPLE_RATE
 from training.data.rooms import rir_bank
 from training.data.sc12 import SIL, clip_windows
 from training.recipes.kws import KWSOptions, load_split
+from training.stream_anatomy import word_at
 from training.streams import Event, Stream, build_stream, match
 
 MINE_SEED = 0x3A1E  # stream seeds of the mining (the evaluation's are 0-based small offsets)
 
 
 def fired_on(d: Detection, events: list[Event], max_delay_s: float = 1.2) -> int:
-    """The label of the word a detection fired on: the last word that started before it and
-    ended at most `max_delay_s` earlier (SIL when none)."""
-    t = d.end_ms / 1000 * SAMPLE_RATE
-    near = [e for e in events if e.start <= t <= e.end + max_delay_s * SAMPLE_RATE]
-    if not near:
-        return SIL
-    return near[-1].label
+    """The label of the word a detection fired on (`stream_anatomy.word_at`; SIL when none)."""
+    e = word_at(d.end_ms / 1000 * SAMPLE_RATE, events, int(max_delay_s * SAMPLE_RATE))
+    return SIL if e is None else e.label
 
 
 def mine(

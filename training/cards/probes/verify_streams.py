@@ -106,12 +106,14 @@ def grid(
     return out
 
 
+def best_within(curve: dict, budget: float) -> float:
+    """The best recall over the grid with at most `budget` false accepts per hour."""
+    return max((r for r, fa in curve.values() if fa <= budget), default=0.0)
+
+
 def frontier(curve: dict) -> str:
     """Best recall within each of LIMITS false accepts per hour over the grid."""
-    return " / ".join(
-        f"{100 * max((r for r, fa in curve.values() if fa <= lim), default=0.0):.1f}"
-        for lim in LIMITS
-    )
+    return " / ".join(f"{100 * best_within(curve, lim):.1f}" for lim in LIMITS)
 
 
 def report(name: str, g: dict, targets: list[float]) -> None:
@@ -194,8 +196,7 @@ def plot(rows: dict[str, dict], png: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, split in zip(axes, ("valid", "test"), strict=True):
         for name, g in rows.items():
-            curve = g[split]
-            best = [max((r for r, fa in curve.values() if fa <= b), default=0.0) for b in budgets]
+            best = [best_within(g[split], b) for b in budgets]
             ax.step(budgets, 100 * np.array(best), where="post", label=name)
         ax.axvline(10, color="grey", ls=":", lw=1)
         ax.set_title(f"{split} streams (1 h): best recall over the grid")
