@@ -111,6 +111,8 @@ class CorpusConfig:
     rhvoice_accents: bool = False  # also RHVoice's voices of other languages (RHVOICE_ACCENTED)
     pico_accents: bool = False  # also Pico's voices of other languages (PICO_ACCENTED)
     mbrola_accents: bool = False  # also more MBROLA speakers of other languages (MBROLA_ACCENTED)
+    commands: bool = True  # the command clips (False: a layer of unknown words alone, e.g.
+    # near_miss_layer's)
 
     def __post_init__(self) -> None:
         if self.rhvoice_accents and "rhvoice" not in self.engines:
@@ -143,6 +145,27 @@ def add_accent_args(p: argparse.ArgumentParser) -> None:
 def accent_options(args: argparse.Namespace) -> dict[str, bool]:
     """The CorpusConfig fields of :func:`add_accent_args`'s flags."""
     return {name: vars(args)[name] for name in ACCENT_SETS}
+
+
+#: Unknown words per voice of the near-miss layer: espeak-ng voices, then the sampled engines
+#: (Kokoro, Piper and the contrib / non-free ones); flite and festival say every word once.
+NEAR_MISS_LAYER_SAMPLES = (20, 60)
+
+
+def near_miss_layer(cfg: CorpusConfig, words: tuple[str, ...]) -> CorpusConfig:
+    """The corpus of extra ``_unknown_`` words (``near_misses.py``'s, for training only) of
+    `cfg`'s voices: no commands, `words` as the unknown words, a sample per voice (flite and
+    festival: each word once). Its clips are cached apart from the main corpus's (their own
+    key), so adding the layer re-renders nothing."""
+    n_espeak, n_sampled = NEAR_MISS_LAYER_SAMPLES
+    return replace(
+        cfg,
+        commands=False,
+        unknown=words,
+        espeak_unknown_per_voice=min(n_espeak, len(words)),
+        neural_unknown_per_voice=min(n_sampled, len(words)),
+        unknown_renditions=1,
+    )
 
 
 def engines_for(more_engines: bool) -> tuple[str, ...]:
@@ -192,8 +215,9 @@ def voice_items(cfg: CorpusConfig, voice: TTSVoice) -> list[ClipItem]:
     rng = np.random.default_rng([cfg.seed, vid])
     items: list[ClipItem] = []
     unk = SC12_LABELS.index(UNKNOWN)
+    commands = SC10_LABELS if cfg.commands else ()
     if voice.engine == "espeak":
-        for word in SC10_LABELS:
+        for word in commands:
             for _ in range(cfg.espeak_command_renditions):
                 items.append(ClipItem(word, SC12_LABELS.index(word), *_espeak_rate(cfg, rng)))
         pick = rng.choice(len(cfg.unknown), cfg.espeak_unknown_per_voice, replace=False)
@@ -202,7 +226,7 @@ def voice_items(cfg: CorpusConfig, voice: TTSVoice) -> list[ClipItem]:
         return items
     varies = can_vary_rate(voice)
     reps = cfg.command_renditions if varies else 1
-    for word in SC10_LABELS:
+    for word in commands:
         for _ in range(reps):
             items.append(ClipItem(word, SC12_LABELS.index(word), *_other_rate(cfg, voice, rng)))
     if voice.engine in _SAMPLED_UNKNOWN:  # ~0.5 s per word for kokoro: a sample, as espeak

@@ -26,8 +26,9 @@ probability ``p_morph`` first. Inside a group a clip is drawn uniformly, so an e
 as much as its clips; ``balance_engines`` draws the engine first (festival's ten training
 voices then weigh as much as flite's three). With ``p_near_miss``, that share of the unknown
 words is drawn among the near misses of a command (``vocab.NEAR_MISSES``: "goat", "yet",
-"dawn", ...), the words a keyword spotter most often fires on; by default every unknown word is
-alike, and near misses are about a fifth of them.
+"dawn", ...; with the dictionary layer of ``near_misses.py`` those words too), the words a
+keyword spotter most often fires on; by default every unknown word is alike, and near misses
+are about a fifth of them.
 
 Evaluation clips (:func:`clip_windows`) are 1.5 s windows whose word ends 0.15-0.45 s before
 the end (the last frame's scores are the clip's prediction, as in the server's utterance mode),
@@ -46,6 +47,7 @@ from torch.utils.data import Dataset
 
 from training.data.corpus import VoiceClips
 from training.data.labels import SAMPLE_RATE, SC10_LABELS
+from training.data.near_misses import extra_words
 from training.data.phonemes import PhonemeTable
 from training.data.rooms import RoomConfig, background, channel, level, word_effects
 from training.data.vocab import NEAR_MISSES, SC12_LABELS, SILENCE, UNKNOWN
@@ -54,6 +56,9 @@ IGNORE = -100
 MAX_PHONES = 32  # room for the phonemes of a window's words (two words: at most ~20)
 SIL = SC12_LABELS.index(SILENCE)
 UNK = SC12_LABELS.index(UNKNOWN)
+#: The words ``p_near_miss`` draws among: vocab's near misses, and the dictionary's of
+#: ``near_misses.py`` where a run's pool has them (``--extra-near-misses``).
+NEAR_MISS_WORDS: tuple[str, ...] = (*NEAR_MISSES, *extra_words())
 N_COMMANDS = len(SC10_LABELS)
 
 
@@ -187,7 +192,7 @@ class KWSWindows(Dataset):
         self.phonemes = phonemes  # phoneme targets of the auxiliary loss; None: none
         self.epoch = 0
         esp, morph = pool.engines == "espeak", pool.morphed
-        near = np.isin(pool.words, NEAR_MISSES) & (pool.labels == UNK)
+        near = np.isin(pool.words, NEAR_MISS_WORDS) & (pool.labels == UNK)
         self.by_group: dict[tuple[str, int], list[np.ndarray]] = {}  # one array per engine
         # with balance_engines, else one for the group
         self.near_by_group: dict[str, list[np.ndarray]] = {}  # the same for near-miss words

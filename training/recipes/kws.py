@@ -51,8 +51,15 @@ from dlr_runtime.kws import KWSConfig
 from dlr_runtime.model import frames_of
 from training.config import TrainConfig
 from training.data import codecs, morph
-from training.data.corpus import CorpusConfig, all_tts_voices, engines_for, generate
+from training.data.corpus import (
+    CorpusConfig,
+    all_tts_voices,
+    engines_for,
+    generate,
+    near_miss_layer,
+)
 from training.data.labels import SAMPLE_RATE
+from training.data.near_misses import extra_words
 from training.data.phonemes import PhonemeTable, load_table
 from training.data.rooms import RoomConfig, rir_bank
 from training.data.sc12 import (
@@ -122,7 +129,11 @@ class KWSOptions:
     p_morph: float = 0.25  # share of morphed voices' words, with --morphs
     balance_engines: bool = False  # draw a word's engine uniformly, then one of its clips
     p_near_miss: float = 0.0  # share of unknown words drawn from the near misses of a command
-    # (data/vocab.py NEAR_MISSES); 0: every unknown word alike
+    # (data/vocab.py NEAR_MISSES, and with extra_near_misses those too); 0: every unknown word
+    # alike
+    extra_near_misses: bool = False  # the training voices also say the dictionary's near misses
+    # of the commands (data/near_misses.py; about 220 words, never in valid or test), a layer
+    # cached apart from the corpus (corpus.near_miss_layer)
     snr_min_db: float = 0.0  # low end (dB) of the windows' speech-to-background ratio (to 30)
     # (data/rooms.py RoomConfig.snr_db)
     kokoro_extra: bool = False  # eight more Kokoro mixes of the training speakers (train only)
@@ -193,6 +204,12 @@ def load_split(opts: KWSOptions, seed: int) -> dict[str, WordPool]:
             if not codecs.available():
                 raise RuntimeError("--codecs needs ffmpeg (scripts/setup.sh installs it)")
             coded = [codecs.coded_voice(opts.cache_dir, ccfg, vc) for vc in tqdm(clean, "codecs")]
+        if name == "train" and opts.extra_near_misses:
+            xcfg = near_miss_layer(ccfg, extra_words()[: 24 if opts.tiny_corpus else None])
+            extra = generate(xcfg, opts.cache_dir, opts.workers, voices=vs)
+            clean += [extra[v.key] for v in vs]
+            if coded is not None:
+                coded += [codecs.coded_voice(opts.cache_dir, xcfg, extra[v.key]) for v in vs]
         pools[name] = WordPool.from_voices(clean, coded)
     return pools
 
@@ -343,6 +360,11 @@ class KWSRecipe(Recipe):
         self.invariance.check()
         self.phoneme = PhonemeLossConfig(weight=opts.phoneme_loss_weight)
         self.phoneme.check()
+        if self.phoneme.active and opts.extra_near_misses:
+            raise ValueError(
+                "--phoneme-loss-weight needs every training word in the phoneme table "
+                "(data/phonemes_en_us.json); the words of --extra-near-misses are not in it"
+            )
         if not 0 <= opts.phoneme_loss_block <= model_opts.n_layers:
             raise ValueError(
                 f"--phoneme-loss-block must be in [0, --n-layers {model_opts.n_layers}], "

@@ -1,0 +1,73 @@
+"""Probe (not part of the product): clip accuracy and unknown-word acceptance of one model on
+each split's voices (train, valid, test), clean and augmented, so the gap between the voices it
+learned from and the unheard ones can be read off. A model that accepts many unknown words of
+its own training voices underfits the rejection; one that rejects them but not the unheard
+voices' words does not generalise it.
+
+    PYTHONPATH=. python training/cards/probes/split_gap.py models/speech-commands \\
+        [--max-clips 4000] [--rhvoice-accents]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+
+import numpy as np
+import torch
+
+from dlr_runtime import load_checkpoint
+from training.data.rooms import rir_bank
+from training.data.sc12 import SIL, UNK, clip_windows
+from training.data.vocab import NEAR_MISSES
+from training.eval_speech import CLIP_SEED, frame_scores
+from training.recipes.kws import KWSOptions, load_split
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--max-clips", type=int, default=4000)
+    ap.add_argument("--rhvoice-accents", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--top", type=int, default=25, help="most accepted unknown words shown")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    model = load_checkpoint(a.model).eval()
+    opts = KWSOptions(split="final", more_engines=True, rhvoice_accents=a.rhvoice_accents)
+    pools = load_split(opts, a.seed)
+    rirs = rir_bank(opts.cache_dir, seed=a.seed)
+    out: dict[str, dict[str, float]] = {}
+    for name in ("train", "valid", "test"):
+        pool = pools[name]
+        idx = np.arange(len(pool))
+        if len(idx) > a.max_clips:
+            rng = np.random.default_rng([a.seed, 0x5A9])
+            idx = np.sort(rng.choice(idx, a.max_clips, replace=False))
+        lab = pool.labels[idx]
+        for kind in ("clean", "augmented"):
+            audio = clip_windows(pool, idx, rirs, a.seed + CLIP_SEED, augment=kind == "augmented")
+            pred = frame_scores(model, audio)[:, -1].argmax(-1).numpy()
+            cmd, unk = lab < SIL, lab == UNK
+            row = {
+                "clips": int(len(idx)),
+                "commands": float((pred[cmd] == lab[cmd]).mean()),
+                "unknown_accepted": float((pred[unk] < SIL).mean()),
+                "commands_called_unknown": float((pred[cmd] == UNK).mean()),
+            }
+            words = pool.words[idx][unk]
+            acc = pred[unk] < SIL
+            near = np.isin(words, list(NEAR_MISSES))
+            row["near_miss_accepted"] = float(acc[near].mean())
+            row["other_accepted"] = float(acc[~near].mean())
+            out[f"{name}/{kind}"] = row
+            tot = Counter(words.tolist())
+            tops = Counter(words[acc].tolist()).most_common(a.top)
+            print("  most accepted: " + ", ".join(f"{w} {c}/{tot[w]}" for w, c in tops))
+            print(f"{name:5s} {kind:9s} " + "  ".join(f"{k} {v:.3f}" for k, v in row.items()))
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
