@@ -11,7 +11,9 @@
    last frame is the prediction (as the server's utterance mode): ``clean`` (faint noise floor)
    and ``augmented`` (the training augmentation: reverb, channel, background, level).
 2. Rejection: the share of ``_unknown_`` clips and word-less windows whose prediction is a
-   command (argmax), and the share on which the detector (operating point) fires.
+   command (argmax), the unknown words' share also for the near misses of a command
+   (``vocab.NEAR_MISSES``) and the other words apart, and the share on which the detector
+   (operating point) fires.
 3. Continuous streams of valid and test voices (``streams.py``): recall, false accepts per
    hour and detection delay over thresholds; the operating point is chosen on the *valid*
    streams for at most ``fa_target`` false accepts per hour (never on test): one shared
@@ -43,6 +45,7 @@ from dlr_runtime import load_checkpoint
 from dlr_runtime.kws import KeywordSpotter, KWSConfig, commands_of
 from training.data.rooms import rir_bank
 from training.data.sc12 import SIL, UNK, WordPool, clip_windows, silence_windows
+from training.data.vocab import NEAR_MISSES
 from training.operating_point import ChosenPoint, choose_point, global_point
 from training.recipes.kws import KWSOptions, load_split
 from training.stream_anatomy import anatomy
@@ -96,9 +99,15 @@ def _acc(pred: np.ndarray, lab: np.ndarray) -> float:
 
 
 def clip_report(
-    pred: np.ndarray, labels: np.ndarray, engines: np.ndarray, voices: np.ndarray
+    pred: np.ndarray,
+    labels: np.ndarray,
+    engines: np.ndarray,
+    voices: np.ndarray,
+    words: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    """Accuracy overall, on commands, per engine, per voice; unknown accepted as a command."""
+    """Accuracy overall, on commands, per engine, per voice; unknown accepted as a command,
+    and with the clips' `words`, that share among the near misses of a command
+    (``vocab.NEAR_MISSES``) and among the other unknown words apart."""
     cmd = labels < SIL
     unk = labels == UNK
     out: dict[str, Any] = {
@@ -109,6 +118,11 @@ def clip_report(
         "per_engine": {},
         "per_voice": {},
     }
+    if words is not None:
+        near = np.isin(words, NEAR_MISSES)
+        for name, m in (("near_miss", unk & near), ("other_word", unk & ~near)):
+            out[f"unknown_accepted_{name}"] = float((pred[m] < SIL).mean()) if m.any() else None
+            out[f"unknown_clips_{name}"] = int(m.sum())
     for e in sorted(set(engines.tolist())):
         m = engines == e
         out["per_engine"][e] = {
@@ -285,7 +299,7 @@ def evaluate(model_dir: str | Path, opts: EvalOptions) -> dict[str, Any]:
         audio = clip_windows(test, idx, rirs, seed + CLIP_SEED, augment=kind == "augmented")
         scores = frame_scores(model, audio)
         pred = scores[:, -1].argmax(-1).numpy()
-        rep = clip_report(pred, lab, test.engines[idx], test.voices[idx])
+        rep = clip_report(pred, lab, test.engines[idx], test.voices[idx], test.words[idx])
         fires = detector_fires(scores[lab == UNK], labels, frame_ms, base)
         rep["unknown_detector_fires"] = float(fires.mean()) if len(fires) else None
         results[kind] = rep

@@ -75,6 +75,7 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     assert quick_eval(out / "model", tmp_path / "cache", clips=20, silence=8) == 0
     res = json.loads((out / "model" / "eval" / "eval.json").read_text())
     assert {"clean", "augmented", "silence", "streams", "confusion"} <= set(res)
+    assert {"unknown_accepted_near_miss", "unknown_accepted_other_word"} <= set(res["clean"])
     assert set(res["clean"]["per_engine"]) <= {"espeak", "flite"}
     assert (out / "model" / "eval" / "confusion.png").is_file()
     assert (out / "model" / "eval" / "det.png").is_file()
@@ -109,6 +110,14 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     assert (rec.config.window, rec.config.history) == (640, 320)
     assert rec.init_state(1)["frame_hist"].shape == (1, 320)
     assert rec.config.feature_norm_s == 0.5 and rec.init_state(1)["feat_sum"].shape == (1, 40)
+    # the dictionary's near misses (a training-only layer of the training voices)
+    xn = tmp_path / "kws-extra"
+    argv_xn = [a if a != str(out) else str(xn) for a in argv]
+    assert main([*argv_xn, "--steps", "2", "--extra-near-misses"]) == 0
+    sizes = json.loads((xn / "summary.json").read_text())["sizes"]
+    plain = json.loads((out / "summary.json").read_text())["sizes"]
+    assert sizes["train"]["unknown"] > plain["train"]["unknown"]
+    assert sizes["valid"] == plain["valid"] and sizes["test"] == plain["test"]
     # the PCEN front end (warped per window while training, as log-mel): its per-band
     # parameters are learnt and saved, and the streamed form carries its smoother's state
     pc = tmp_path / "kws-pcen"

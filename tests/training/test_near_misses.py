@@ -184,3 +184,17 @@ def test_the_phoneme_loss_refuses_the_dictionary_words():
     with pytest.raises(ValueError, match="not in it"):
         opts = KWSOptions(extra_near_misses=True, phoneme_loss_weight=0.1)
         KWSRecipe(opts, ModelOptions(), TrainConfig())
+
+
+def test_clip_report_splits_the_unknown_words_into_near_misses_and_others():
+    from training.eval_speech import clip_report
+
+    words = np.array(["up", "dawn", "goat", "cat", "house", "tree", "bird"])
+    labels = np.array([SC10_LABELS.index("up"), UNK, UNK, UNK, UNK, UNK, UNK])
+    pred = np.array([SC10_LABELS.index("up"), SC10_LABELS.index("down"), UNK, 0, UNK, UNK, UNK])
+    engines = voices = np.array(["espeak"] * 7)
+    rep = clip_report(pred, labels, engines, voices, words)
+    assert rep["unknown_accepted"] == 2 / 6
+    assert rep["unknown_accepted_near_miss"] == 1 / 2 and rep["unknown_clips_near_miss"] == 2
+    assert rep["unknown_accepted_other_word"] == 1 / 4 and rep["unknown_clips_other_word"] == 4
+    assert "unknown_accepted_near_miss" not in clip_report(pred, labels, engines, voices)

@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--rhvoice-accents", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--top", type=int, default=25, help="most accepted unknown words shown")
+    ap.add_argument("--splits", nargs="+", default=["train", "valid", "test"])
     a = ap.parse_args()
     torch.set_num_threads(1)
     model = load_checkpoint(a.model).eval()
@@ -39,7 +40,7 @@ def main() -> None:
     pools = load_split(opts, a.seed)
     rirs = rir_bank(opts.cache_dir, seed=a.seed)
     out: dict[str, dict[str, float]] = {}
-    for name in ("train", "valid", "test"):
+    for name in a.splits:
         pool = pools[name]
         idx = np.arange(len(pool))
         if len(idx) > a.max_clips:
@@ -62,6 +63,11 @@ def main() -> None:
             row["near_miss_accepted"] = float(acc[near].mean())
             row["other_accepted"] = float(acc[~near].mean())
             out[f"{name}/{kind}"] = row
+            engines = pool.engines[idx][unk]
+            row |= {
+                f"near_miss_accepted/{e}": float(acc[near & (engines == e)].mean())
+                for e in sorted(set(engines[near].tolist()))
+            }
             tot = Counter(words.tolist())
             tops = Counter(words[acc].tolist()).most_common(a.top)
             print("  most accepted: " + ", ".join(f"{w} {c}/{tot[w]}" for w, c in tops))

@@ -1,0 +1,131 @@
+"""Probe (not part of the product): does a training lever move the trade between finding
+commands and rejecting other words, or only slide along it?
+
+Every lever tried on rejection so far (near misses drawn more often, the dictionary's near
+misses, a verifier) gave fewer unknown words accepted *and* fewer commands found. A bias b on
+the `_unknown_` logit (`training/kws_calibrate.py`) slides any one model along its own trade
+curve, so two models are compared fairly only as curves: for each b in a grid, the share of
+command clips given their label against the share of unknown-word clips called a command (by
+argmax over the last frame, as the clip evaluation and the server's utterance mode). A lever
+that helps puts its curve above the others', not one point of it.
+
+The clips are the evaluation's (`sc12.clip_windows`): each split's voices, clean and augmented,
+at most `--max-clips` of them (the same sample for every model). The plot shows one panel per
+split and kind; the table prints the commands found at a few shares of unknown words accepted
+(read off each curve; "-" where the curve does not reach it).
+
+    PYTHONPATH=. python training/cards/probes/rejection_curve.py \\
+        "shipped=runs/m15_soup4/model" "near misses 0.5=runs/m15_nm/ema" \\
+        [--splits valid test] [--max-clips 8000] [--png training/cards/rejection-curves.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+
+from dlr_runtime import load_checkpoint
+from training.data.rooms import rir_bank
+from training.data.sc12 import SIL, UNK, clip_windows
+from training.eval_speech import CLIP_SEED, frame_scores
+from training.recipes.kws import KWSOptions, load_split
+
+BIASES = np.round(np.arange(-4.0, 8.0001, 0.1), 2)
+AT = (0.02, 0.04, 0.06)  # unknown words accepted, where the table reads each curve
+
+
+def curve(scores: torch.Tensor, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Last-frame scores (N, C) -> (unknown accepted, commands found), one point per bias."""
+    cmd, unk = labels < SIL, labels == UNK
+    fa, found = [], []
+    for b in BIASES:
+        s = scores.clone()
+        s[:, UNK] += float(b)
+        pred = s.argmax(-1).numpy()
+        fa.append(float((pred[unk] < SIL).mean()))
+        found.append(float((pred[cmd] == labels[cmd]).mean()))
+    return np.array(fa), np.array(found)
+
+
+def found_at(fa: np.ndarray, found: np.ndarray, target: float) -> float | None:
+    """The most commands found at no more than `target` unknown words accepted."""
+    ok = fa <= target
+    return float(found[ok].max()) if ok.any() else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="+", help="NAME=CHECKPOINT_DIR")
+    ap.add_argument("--splits", nargs="+", default=["valid", "test"])
+    ap.add_argument("--max-clips", type=int, default=8000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--png", default="")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    opts = KWSOptions(split="final", more_engines=True, rhvoice_accents=True)
+    pools = load_split(opts, a.seed)
+    rirs = rir_bank(opts.cache_dir, seed=a.seed)
+    windows: dict[str, tuple[torch.Tensor, np.ndarray]] = {}
+    for name in a.splits:
+        pool = pools[name]
+        idx = np.arange(len(pool))
+        if len(idx) > a.max_clips:
+            rng = np.random.default_rng([a.seed, 0x5A9])
+            idx = np.sort(rng.choice(idx, a.max_clips, replace=False))
+        for kind in ("clean", "augmented"):
+            audio = clip_windows(pool, idx, rirs, a.seed + CLIP_SEED, augment=kind == "augmented")
+            windows[f"{name}/{kind}"] = (audio, pool.labels[idx])
+    curves: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+    for spec in a.models:
+        label, path = spec.split("=", 1)
+        model = load_checkpoint(path).eval()
+        curves[label] = {}
+        for key, (audio, labels) in windows.items():
+            curves[label][key] = curve(frame_scores(model, audio)[:, -1], labels)
+    head = " | ".join(f"{k} at {t:.0%}" for k in windows for t in AT)
+    print(f"| model | {head} | commands at b=0 |")
+    print("|---|" + "---:|" * (len(windows) * len(AT) + 1))
+    zero = int(np.flatnonzero(BIASES == 0.0)[0])
+    for label, per in curves.items():
+        cells = []
+        for key in windows:
+            for t in AT:
+                v = found_at(*per[key], t)
+                cells.append("-" if v is None else f"{100 * v:.1f} %")
+        z = "; ".join(
+            f"{k}: {100 * per[k][1][zero]:.1f} % / {100 * per[k][0][zero]:.1f} %" for k in windows
+        )
+        print(f"| {label} | " + " | ".join(cells) + f" | {z} |")
+    if a.png:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, len(windows), figsize=(4.2 * len(windows), 4), squeeze=False)
+        for ax, key in zip(axes[0], windows, strict=True):
+            for label, per in curves.items():
+                fa, found = per[key]
+                (line,) = ax.plot(100 * fa, 100 * found, label=label, lw=1.2)
+                ax.plot(100 * fa[zero], 100 * found[zero], "o", color=line.get_color(), ms=4)
+            ax.axvline(2.0, color="grey", ls=":", lw=0.8)
+            ax.set_xlim(0, 15)
+            ax.set_title(key, fontsize=9)
+            ax.set_xlabel("unknown words accepted (%)")
+            ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel("commands found (%)")
+        axes[0][-1].legend(fontsize=7, loc="lower right")
+        fig.suptitle(
+            "commands against unknown words accepted, as the _unknown_ bias sweeps "
+            "(dot: no bias; dotted: the 2 % goal)",
+            fontsize=9,
+        )
+        fig.tight_layout()
+        fig.savefig(a.png, dpi=110)
+        print(f"wrote {a.png}")
+
+
+if __name__ == "__main__":
+    main()
