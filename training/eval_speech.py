@@ -94,6 +94,14 @@ def frame_scores(model: torch.nn.Module, audio: torch.Tensor, batch: int = 64) -
     return torch.cat([model(audio[s : s + batch]).float() for s in range(0, len(audio), batch)])
 
 
+def clip_sample(n: int, max_clips: int, seed: int, salt: int = 0xE7A) -> np.ndarray:
+    """Sorted indices of at most `max_clips` of `n` clips (all when 0), drawn from the seed."""
+    idx = np.arange(n)
+    if max_clips and n > max_clips:
+        idx = np.sort(np.random.default_rng([seed, salt]).choice(idx, max_clips, replace=False))
+    return idx
+
+
 def _acc(pred: np.ndarray, lab: np.ndarray) -> float:
     return float((pred == lab).mean()) if len(lab) else float("nan")
 
@@ -267,11 +275,7 @@ def evaluate(model_dir: str | Path, opts: EvalOptions) -> dict[str, Any]:
     )
     rirs = rir_bank(opts.cache_dir, seed=seed)
     test = pools["test"]
-    idx = np.arange(len(test))
-    if opts.max_clips and len(idx) > opts.max_clips:
-        idx = np.sort(
-            np.random.default_rng([seed, 0xE7A]).choice(idx, opts.max_clips, replace=False)
-        )
+    idx = clip_sample(len(test), opts.max_clips, seed)
     lab = test.labels[idx]
     results: dict[str, Any] = {
         "model": str(model_dir),

@@ -29,7 +29,7 @@ import torch
 from dlr_runtime import load_checkpoint
 from training.data.rooms import rir_bank
 from training.data.sc12 import SIL, UNK, clip_windows
-from training.eval_speech import CLIP_SEED, frame_scores
+from training.eval_speech import CLIP_SEED, clip_sample, frame_scores
 from training.recipes.kws import KWSOptions, load_split
 
 BIASES = np.round(np.arange(-4.0, 8.0001, 0.1), 2)
@@ -70,10 +70,7 @@ def main() -> None:
     windows: dict[str, tuple[torch.Tensor, np.ndarray]] = {}
     for name in a.splits:
         pool = pools[name]
-        idx = np.arange(len(pool))
-        if len(idx) > a.max_clips:
-            rng = np.random.default_rng([a.seed, 0x5A9])
-            idx = np.sort(rng.choice(idx, a.max_clips, replace=False))
+        idx = clip_sample(len(pool), a.max_clips, a.seed, salt=0x5A9)
         for kind in ("clean", "augmented"):
             audio = clip_windows(pool, idx, rirs, a.seed + CLIP_SEED, augment=kind == "augmented")
             windows[f"{name}/{kind}"] = (audio, pool.labels[idx])
