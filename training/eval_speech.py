@@ -13,7 +13,9 @@
 2. Rejection: the share of ``_unknown_`` clips and word-less windows whose prediction is a
    command (argmax), the unknown words' share also for the near misses of a command
    (``vocab.NEAR_MISSES``) and the other words apart, and the share on which the detector
-   (operating point) fires.
+   (operating point) fires; and the model's trade between the two, as a bias on the
+   ``_unknown_`` logit sweeps (``rejection_sweep``, ``rejection.png``): a curve to read, not a
+   point to choose (``training/kws_calibrate.py`` chooses on valid clips).
 3. Continuous streams of valid and test voices (``streams.py``): recall, false accepts per
    hour and detection delay over thresholds; the operating point is chosen on the *valid*
    streams for at most ``fa_target`` false accepts per hour (never on test): one shared
@@ -46,6 +48,7 @@ from dlr_runtime.kws import KeywordSpotter, KWSConfig, commands_of
 from training.data.rooms import rir_bank
 from training.data.sc12 import SIL, UNK, WordPool, clip_windows, silence_windows
 from training.data.vocab import NEAR_MISSES
+from training.kws_calibrate import sweep as bias_sweep
 from training.operating_point import ChosenPoint, choose_point, global_point
 from training.recipes.kws import KWSOptions, load_split
 from training.stream_anatomy import anatomy
@@ -179,6 +182,60 @@ def plot_confusion(cm: np.ndarray, labels: list[str], path: Path, title: str) ->
     plt.close(fig)
 
 
+#: `_unknown_` logit biases of the rejection sweep: the model's own trade between commands
+#: found and unknown words accepted (b > 0 rejects more; `training/kws_calibrate.py` picks one
+#: on valid clips, never on these).
+SWEEP_BIASES = tuple(float(b) for b in np.round(np.arange(-4.0, 8.0001, 0.1), 2))
+
+
+def rejection_sweep(scores: torch.Tensor, labels: np.ndarray) -> list[dict[str, float]]:
+    """Last-frame scores (N, C) of command and unknown-word clips -> one point per bias of
+    :data:`SWEEP_BIASES`: commands given their label, unknown words called a command."""
+    points = bias_sweep(scores, torch.from_numpy(labels), SWEEP_BIASES)
+    return [
+        {
+            "unknown_bias": p.unknown_bias,
+            "command_accuracy": p.command_accuracy,
+            "unknown_accepted": p.false_accept,
+        }
+        for p in points
+    ]
+
+
+def commands_within(points: list[dict[str, float]], accepted: float) -> float | None:
+    """The most commands found by a bias of the sweep that accepts at most `accepted` of the
+    unknown words (None when no bias does)."""
+    ok = [p["command_accuracy"] for p in points if p["unknown_accepted"] <= accepted]
+    return max(ok) if ok else None
+
+
+def plot_rejection(sweeps: dict[str, list[dict[str, float]]], path: Path, title: str) -> None:
+    """Commands found against unknown words accepted, one line per clip kind."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4.2))
+    for kind, pts in sweeps.items():
+        fa = [100 * p["unknown_accepted"] for p in pts]
+        found = [100 * p["command_accuracy"] for p in pts]
+        (line,) = ax.plot(fa, found, label=kind, lw=1.3)
+        zero = next(p for p in pts if p["unknown_bias"] == 0.0)
+        ax.plot(100 * zero["unknown_accepted"], 100 * zero["command_accuracy"], "o",
+                color=line.get_color(), ms=4)  # fmt: skip
+    ax.axvline(100 * 0.02, color="grey", ls=":", lw=0.8, label="2 % (the goal)")
+    ax.set_xlim(0, 20)
+    ax.set_xlabel("unknown words accepted as a command (%)")
+    ax.set_ylabel("commands found (%)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_det(curves: dict[str, list[dict]], path: Path, fa_target: float) -> None:
     """Miss rate vs false accepts per hour, one line per curve (``fa_per_hour``, ``recall``)."""
     import matplotlib
@@ -306,11 +363,17 @@ def evaluate(model_dir: str | Path, opts: EvalOptions) -> dict[str, Any]:
         rep = clip_report(pred, lab, test.engines[idx], test.voices[idx], test.words[idx])
         fires = detector_fires(scores[lab == UNK], labels, frame_ms, base)
         rep["unknown_detector_fires"] = float(fires.mean()) if len(fires) else None
+        rep["rejection_sweep"] = rejection_sweep(scores[:, -1], lab)
         results[kind] = rep
         if kind == "augmented":
             np.add.at(cm, (lab, pred), 1)
             np.add.at(cm, (np.full(len(sil_pred), SIL), sil_pred), 1)
     results["confusion"] = cm.tolist()
+    plot_rejection(
+        {k: results[k]["rejection_sweep"] for k in ("clean", "augmented")},
+        out / "rejection.png",
+        f"{model_dir.name}: test voices ({split}), the _unknown_ bias swept (dot: none)",
+    )
     plot_confusion(cm, labels, out / "confusion.png", f"{model_dir.name}: test voices ({split})")
     if opts.stream_minutes > 0:
         results["streams"] = _stream_eval(

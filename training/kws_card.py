@@ -43,6 +43,7 @@ from training.data.neural_tts import (
 from training.data.rooms import RoomConfig
 from training.data.sc12 import WindowConfig
 from training.data.vocab import unknown_words
+from training.eval_speech import commands_within
 from training.kws_folds import FoldRecord, load_folds, loso_records, loso_section, save_folds
 from training.model_card import _config_table, _copy, _state_bytes, _training_section, pct
 from training.trainer import CHECKPOINTS, MODEL_DIR
@@ -278,7 +279,11 @@ def _unknown_parts(clean: dict[str, Any]) -> str:
     near, other = clean.get("unknown_accepted_near_miss"), clean.get("unknown_accepted_other_word")
     if near is None or other is None:
         return ""
-    return f" (near misses of a command {pct(near)}, other words {pct(other)})"
+    parts = f" (near misses of a command {pct(near)}, other words {pct(other)}"
+    at_goal = commands_within(clean.get("rejection_sweep", []), GOAL_REJECT)
+    if at_goal is not None:  # what meeting the goal by a bias alone would cost, read on test
+        parts += f"; a bias that meets it finds {pct(at_goal)} of the commands"
+    return parts + ")"
 
 
 def _goals(ev: dict[str, Any], loso: list[FoldRecord]) -> str:

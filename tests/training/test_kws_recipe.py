@@ -76,6 +76,8 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     res = json.loads((out / "model" / "eval" / "eval.json").read_text())
     assert {"clean", "augmented", "silence", "streams", "confusion"} <= set(res)
     assert {"unknown_accepted_near_miss", "unknown_accepted_other_word"} <= set(res["clean"])
+    assert len(res["augmented"]["rejection_sweep"]) > 1
+    assert (out / "model" / "eval" / "rejection.png").is_file()
     assert set(res["clean"]["per_engine"]) <= {"espeak", "flite"}
     assert (out / "model" / "eval" / "confusion.png").is_file()
     assert (out / "model" / "eval" / "det.png").is_file()

@@ -28,31 +28,18 @@ import torch
 
 from dlr_runtime import load_checkpoint
 from training.data.rooms import rir_bank
-from training.data.sc12 import SIL, UNK, clip_windows
-from training.eval_speech import CLIP_SEED, clip_sample, frame_scores
+from training.data.sc12 import clip_windows
+from training.eval_speech import (
+    CLIP_SEED,
+    SWEEP_BIASES,
+    clip_sample,
+    commands_within,
+    frame_scores,
+    rejection_sweep,
+)
 from training.recipes.kws import KWSOptions, load_split
 
-BIASES = np.round(np.arange(-4.0, 8.0001, 0.1), 2)
 AT = (0.02, 0.04, 0.06)  # unknown words accepted, where the table reads each curve
-
-
-def curve(scores: torch.Tensor, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Last-frame scores (N, C) -> (unknown accepted, commands found), one point per bias."""
-    cmd, unk = labels < SIL, labels == UNK
-    fa, found = [], []
-    for b in BIASES:
-        s = scores.clone()
-        s[:, UNK] += float(b)
-        pred = s.argmax(-1).numpy()
-        fa.append(float((pred[unk] < SIL).mean()))
-        found.append(float((pred[cmd] == labels[cmd]).mean()))
-    return np.array(fa), np.array(found)
-
-
-def found_at(fa: np.ndarray, found: np.ndarray, target: float) -> float | None:
-    """The most commands found at no more than `target` unknown words accepted."""
-    ok = fa <= target
-    return float(found[ok].max()) if ok.any() else None
 
 
 def main() -> None:
@@ -74,25 +61,27 @@ def main() -> None:
         for kind in ("clean", "augmented"):
             audio = clip_windows(pool, idx, rirs, a.seed + CLIP_SEED, augment=kind == "augmented")
             windows[f"{name}/{kind}"] = (audio, pool.labels[idx])
-    curves: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+    curves: dict[str, dict[str, list[dict[str, float]]]] = {}
     for spec in a.models:
         label, path = spec.split("=", 1)
         model = load_checkpoint(path).eval()
         curves[label] = {}
         for key, (audio, labels) in windows.items():
-            curves[label][key] = curve(frame_scores(model, audio)[:, -1], labels)
+            curves[label][key] = rejection_sweep(frame_scores(model, audio)[:, -1], labels)
     head = " | ".join(f"{k} at {t:.0%}" for k in windows for t in AT)
     print(f"| model | {head} | commands at b=0 |")
     print("|---|" + "---:|" * (len(windows) * len(AT) + 1))
-    zero = int(np.flatnonzero(BIASES == 0.0)[0])
+    zero = SWEEP_BIASES.index(0.0)
     for label, per in curves.items():
         cells = []
         for key in windows:
             for t in AT:
-                v = found_at(*per[key], t)
+                v = commands_within(per[key], t)
                 cells.append("-" if v is None else f"{100 * v:.1f} %")
         z = "; ".join(
-            f"{k}: {100 * per[k][1][zero]:.1f} % / {100 * per[k][0][zero]:.1f} %" for k in windows
+            f"{k}: {100 * per[k][zero]['command_accuracy']:.1f} % / "
+            f"{100 * per[k][zero]['unknown_accepted']:.1f} %"
+            for k in windows
         )
         print(f"| {label} | " + " | ".join(cells) + f" | {z} |")
     if a.png:
@@ -104,9 +93,10 @@ def main() -> None:
         fig, axes = plt.subplots(1, len(windows), figsize=(4.2 * len(windows), 4), squeeze=False)
         for ax, key in zip(axes[0], windows, strict=True):
             for label, per in curves.items():
-                fa, found = per[key]
-                (line,) = ax.plot(100 * fa, 100 * found, label=label, lw=1.2)
-                ax.plot(100 * fa[zero], 100 * found[zero], "o", color=line.get_color(), ms=4)
+                fa = np.array([100 * p["unknown_accepted"] for p in per[key]])
+                found = np.array([100 * p["command_accuracy"] for p in per[key]])
+                (line,) = ax.plot(fa, found, label=label, lw=1.2)
+                ax.plot(fa[zero], found[zero], "o", color=line.get_color(), ms=4)
             ax.axvline(2.0, color="grey", ls=":", lw=0.8)
             ax.set_xlim(0, 15)
             ax.set_title(key, fontsize=9)
