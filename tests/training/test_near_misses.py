@@ -27,7 +27,7 @@ from training.data.near_misses import (
     edit_distance,
     extra_near_misses,
     extra_words,
-    generate,
+    from_dictionaries,
     merged,
     parse_cmudict,
     parse_poslex,
@@ -108,7 +108,7 @@ def test_dictionary_parsers():
     reason="needs festlex-cmu, festlex-poslex and espeak-ng",
 )
 def test_committed_list_is_what_the_dictionaries_give():
-    assert generate() == {c: list(ws) for c, ws in extra_near_misses().items()}
+    assert from_dictionaries() == {c: list(ws) for c, ws in extra_near_misses().items()}
 
 
 def test_the_layer_is_unknown_words_only_and_cached_apart():

@@ -168,7 +168,7 @@ def espeak_homophones(near: dict[str, list[str]]) -> set[str]:
     return {w for w, p in ipa.items() if merged(p, IPA_MERGE) in cmds}
 
 
-def generate(per_command: int = PER_COMMAND) -> dict[str, list[str]]:
+def from_dictionaries(per_command: int = PER_COMMAND) -> dict[str, list[str]]:
     """The list from the installed dictionaries (and espeak-ng when installed)."""
     prons = parse_cmudict(CMUDICT.read_text(encoding="latin-1").splitlines())
     freq = parse_poslex(POSLEX.read_text(encoding="latin-1").splitlines())
@@ -194,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--write", action="store_true", help=f"rewrite {LIST_PATH.name}")
     p.add_argument("--per-command", type=int, default=PER_COMMAND)
     args = p.parse_args(argv)
-    near = generate(args.per_command)
+    near = from_dictionaries(args.per_command)
     for c, ws in near.items():
         print(f"{c:5s} {len(ws):3d}  {' '.join(ws)}")
     if args.write:
