@@ -198,3 +198,11 @@ def test_clip_report_splits_the_unknown_words_into_near_misses_and_others():
     assert rep["unknown_accepted_near_miss"] == 1 / 2 and rep["unknown_clips_near_miss"] == 2
     assert rep["unknown_accepted_other_word"] == 1 / 4 and rep["unknown_clips_other_word"] == 4
     assert "unknown_accepted_near_miss" not in clip_report(pred, labels, engines, voices)
+
+
+def test_regenerating_without_a_dictionary_names_the_package(tmp_path, monkeypatch):
+    import training.data.near_misses as nm
+
+    monkeypatch.setattr(nm, "CMUDICT", tmp_path / "missing.out")
+    with pytest.raises(RuntimeError, match="apt-get install festlex-cmu"):
+        nm.from_dictionaries()

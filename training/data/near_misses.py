@@ -1,7 +1,7 @@
 """More near misses of the commands, found in a pronouncing dictionary: training-only negatives.
 
 ``vocab.NEAR_MISSES`` holds about ten hand-picked words per command. They are where the
-rejection fails: the shipped model accepts about a quarter of them as their command, on its own
+rejection fails: the shipped model takes about a quarter of them for a command, on its own
 training voices as much as on unheard ones (``training/cards/probes/split_gap.py``), while
 other words are accepted about 2 % of the time. This module finds many more such words, so
 training can show the model the contrast ("app" is not "up") in hundreds of words instead of
@@ -9,7 +9,9 @@ memorising ten.
 
 A word is a near miss of a command when its pronunciation is one phone away from the
 command's (one substitution, insertion or deletion) in CMUdict, as Festival ships it
-(``festlex-cmu``: ``/usr/share/festival/dicts/cmu/cmudict-0.4.out``). It is kept when:
+(``festlex-cmu``: ``/usr/share/festival/dicts/cmu/cmudict-0.4.out``); for the commands of
+three phones or more, also two phones away with the command's vowel kept ("yes" -> "best"),
+ranked after the one-phone words. It is kept when:
 
 - it occurs in running text: the WSJ part-of-speech lexicon that Festival ships
   (``festlex-poslex``: ``wsj.wp39.poslexR``) lists it. Words with a tag other than a proper
@@ -123,6 +125,7 @@ def candidates(
     and frequent before rare. Each word goes to the first command it is near."""
     excluded = set(SC10_LABELS) | HOMOPHONES | set(unknown_words())
     cmd_prons = {c: [merged(p, CMU_MERGE) for p in prons[c]] for c in SC10_LABELS}
+    long_cmds = {c for c, ps in cmd_prons.items() if min(len(q) for q in ps) >= 3}
     ranked: dict[str, list[tuple[tuple[int, int, float], str]]] = {c: [] for c in SC10_LABELS}
     for word in sorted(freq, key=lambda w: (*freq[w], w)):
         if word in excluded or not re.fullmatch(r"[a-z]{2,}", word) or word not in prons:
@@ -131,17 +134,18 @@ def candidates(
         dists = {
             c: min(edit_distance(p, q) for p in mine for q in cmd_prons[c]) for c in SC10_LABELS
         }
-        if min(dists.values()) == 0:
-            continue  # a homophone of some command under the mergers
+        nearest = min(dists.values())
+        if nearest == 0 or nearest > 2:
+            continue  # a homophone of some command under the mergers, or far from all
         for c in SC10_LABELS:
-            if dists[c] == 1:
-                ranked[c].append(((1, *freq[word]), word))
-                break
-            long_enough = min(len(q) for q in cmd_prons[c]) >= 3
-            same_vowel = any(_vowels(p) == _vowels(q) for p in mine for q in cmd_prons[c])
-            if dists[c] == 2 and long_enough and same_vowel and min(dists.values()) == 2:
-                ranked[c].append(((2, *freq[word]), word))
-                break
+            if dists[c] != nearest:
+                continue
+            if nearest == 2 and not (
+                c in long_cmds and any(_vowels(p) == _vowels(q) for p in mine for q in cmd_prons[c])
+            ):
+                continue
+            ranked[c].append(((nearest, *freq[word]), word))
+            break
     return {c: [w for _, w in sorted(r)[:per_command]] for c, r in ranked.items()}
 
 
@@ -169,11 +173,17 @@ def espeak_homophones(near: dict[str, list[str]]) -> set[str]:
 
 
 def from_dictionaries(per_command: int = PER_COMMAND) -> dict[str, list[str]]:
-    """The list from the installed dictionaries (and espeak-ng when installed)."""
+    """The list from the installed dictionaries and espeak-ng (RuntimeError naming the
+    missing package otherwise: a list made without one of them would differ silently)."""
+    for path, package in ((CMUDICT, "festlex-cmu"), (POSLEX, "festlex-poslex")):
+        if not path.exists():
+            raise RuntimeError(f"{path} not found; install it with `apt-get install {package}`")
+    if shutil.which("espeak-ng") is None:
+        raise RuntimeError("espeak-ng not found; install it with `apt-get install espeak-ng`")
     prons = parse_cmudict(CMUDICT.read_text(encoding="latin-1").splitlines())
     freq = parse_poslex(POSLEX.read_text(encoding="latin-1").splitlines())
     near = candidates(prons, freq, per_command=per_command + 5)  # room for espeak's drops
-    drop = espeak_homophones(near) if shutil.which("espeak-ng") else set()
+    drop = espeak_homophones(near)
     return {c: [w for w in ws if w not in drop][:per_command] for c, ws in near.items()}
 
 
