@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
-from dlr_runtime import DLRModel, load_checkpoint, read_header, save_checkpoint
+from dlr_runtime import DLRModel
+from training.rewrite_checkpoint import rewrite
+
+KEY = "deepened_from"  # the metadata key naming the input checkpoint
 
 
 def new_positions(old: int, new: int) -> list[int]:
@@ -80,17 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="directory to write the deeper checkpoint to")
     args = ap.parse_args(argv)
     try:
-        header = read_header(args.checkpoint)
-        if header["form"] != "train":
-            raise ValueError(f"{args.checkpoint} is a {header['form']}-form checkpoint, not train")
-        model = load_checkpoint(args.checkpoint)
-        assert isinstance(model, DLRModel)
-        deep = deepen(model, args.n_layers, args.seed)
+        model, _ = rewrite(
+            args.checkpoint, args.out, lambda m: deepen(m, args.n_layers, args.seed), KEY
+        )
     except ValueError as e:  # (CheckpointError is one)
         ap.exit(2, f"error: {e}\n")
-    metadata = dict(header.get("metadata") or {})
-    metadata["deepened_from"] = str(Path(args.checkpoint))
-    save_checkpoint(deep, args.out, **metadata)
     added = new_positions(model.config.n_layers, args.n_layers)
     print(f"wrote {args.out}: {args.n_layers} blocks, identity blocks at {added}")
     return 0

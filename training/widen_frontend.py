@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
-from dlr_runtime import DLRModel, load_checkpoint, read_header, save_checkpoint
+from dlr_runtime import DLRModel
+from training.rewrite_checkpoint import rewrite
 
 FROM_FRONTEND = "logmel"
 TO_FRONTEND = "logmel_pcen"
@@ -58,17 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="directory to write the widened checkpoint to")
     args = ap.parse_args(argv)
     try:
-        header = read_header(args.checkpoint)
-        if header["form"] != "train":
-            raise ValueError(f"{args.checkpoint} is a {header['form']}-form checkpoint, not train")
-        model = load_checkpoint(args.checkpoint)
-        assert isinstance(model, DLRModel)
-        wide = widen(model)
+        rewrite(args.checkpoint, args.out, widen, "widened_from")
     except ValueError as e:  # (CheckpointError is one)
         ap.exit(2, f"error: {e}\n")
-    metadata = dict(header.get("metadata") or {})
-    metadata["widened_from"] = str(Path(args.checkpoint))
-    save_checkpoint(wide, args.out, **metadata)
     print(f"wrote {args.out}: {TO_FRONTEND} front end, PCEN half of the frame projection at zero")
     return 0
 
