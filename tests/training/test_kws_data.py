@@ -609,7 +609,7 @@ def test_p_near_miss_draws_that_share_of_unknown_words_among_the_near_misses(bal
     assert [ds._pick(c, rng_a) for c in range(10)] == [plain._pick(c, rng_b) for c in range(10)]
 
 
-@pytest.mark.parametrize("field", ["p_espeak", "p_morph", "p_near_miss"])
+@pytest.mark.parametrize("field", ["p_espeak", "p_morph", "p_near_miss", "p_command"])
 def test_word_mix_shares_outside_zero_one_are_refused(field):
     from training.config import TrainConfig
     from training.modelopts import ModelOptions
@@ -618,6 +618,30 @@ def test_word_mix_shares_outside_zero_one_are_refused(field):
     flag = "--" + field.replace("_", "-")
     with pytest.raises(ValueError, match=f"{flag} must be in"):
         KWSRecipe(KWSOptions(**{field: 1.5}), ModelOptions(), TrainConfig())
+
+
+def test_p_command_moves_words_between_commands_and_unknown_words_only():
+    from training.config import TrainConfig
+    from training.modelopts import ModelOptions
+    from training.recipes.kws import KWSOptions, KWSRecipe, window_config
+
+    assert window_config(KWSOptions()) == WindowConfig()  # the default draws as before
+    pool = WordPool.from_voices(_voices())
+
+    def shares(p_command: float) -> tuple[float, float]:
+        """(commands among the words, windows without a word) over 400 windows."""
+        ds = KWSWindows(pool, [], window_config(KWSOptions(p_command=p_command)), length=400)
+        labels = [ds[i].targets for i in range(400)]
+        said = [t[(t != SIL) & (t != IGNORE)] for t in labels]
+        words = [int(t[0]) for t in said if len(t)]
+        return float(np.mean(np.array(words) < SIL)), sum(not len(t) for t in said) / 400
+
+    cmd_default, empty_default = shares(0.55)
+    cmd_low, empty_low = shares(0.3)
+    assert 0.5 < cmd_default < 0.7 and 0.22 < cmd_low < 0.4
+    assert abs(empty_default - empty_low) < 0.06  # word-less windows stay at their share
+    with pytest.raises(ValueError, match="--p-command must be at most 0.85"):
+        KWSRecipe(KWSOptions(p_command=0.9), ModelOptions(), TrainConfig())
 
 
 def test_snr_min_db_sets_the_low_end_of_the_training_windows_snr():

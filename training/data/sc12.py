@@ -19,8 +19,9 @@ codec copy counts as its source voice's engine), and, given a phoneme table
 (``phonemes.py``), the phonemes of its words for the auxiliary phoneme loss
 (``training/phoneme_loss.py``; -1 phonemes when a word is cut by the window's edge). None of
 these draws from the window's random stream.
-Commands, unknown words and word-less windows are drawn 55/30/15, and the engine group
-(espeak-ng vs the other engines) 40/60, so the few non-espeak speakers are not drowned
+85 % of the windows hold words, 15 % none; each word is a command with probability
+``p_command`` (55 %), else an unknown word. The engine group
+(espeak-ng vs the other engines) is drawn 40/60, so the few non-espeak speakers are not drowned
 out; where the pool holds morphed voices (``morph.py``), a word comes from them with
 probability ``p_morph`` first. Inside a group a clip is drawn uniformly, so an engine weighs
 as much as its clips; ``balance_engines`` draws the engine first (festival's ten training

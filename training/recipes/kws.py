@@ -128,6 +128,8 @@ class KWSOptions:
     p_espeak: float = 0.4  # share of espeak-ng words among the unmorphed ones (data/sc12.py)
     p_morph: float = 0.25  # share of morphed voices' words, with --morphs
     balance_engines: bool = False  # draw a word's engine uniformly, then one of its clips
+    p_command: float = 0.55  # a window's word is a command with this probability, else an unknown
+    # word (data/sc12.py WindowConfig.p_command); word-less windows stay at their 15 %
     p_near_miss: float = 0.0  # share of unknown words drawn from the near misses of a command
     # (data/vocab.py NEAR_MISSES, and with extra_near_misses those too); 0: every unknown word
     # alike
@@ -214,6 +216,11 @@ def load_split(opts: KWSOptions, seed: int) -> dict[str, WordPool]:
     return pools
 
 
+#: Share of training windows with a word (data/sc12.py): ``--p-command`` moves words between
+#: commands and unknown words, not between words and word-less windows.
+WORDS_SHARE = WindowConfig.p_command + WindowConfig.p_unknown
+
+
 def window_config(opts: KWSOptions) -> WindowConfig:
     """The training windows of a run (data/sc12.py), from its options."""
     return WindowConfig(
@@ -223,6 +230,8 @@ def window_config(opts: KWSOptions) -> WindowConfig:
         p_espeak=opts.p_espeak,
         p_morph=opts.p_morph,
         balance_engines=opts.balance_engines,
+        p_command=opts.p_command,
+        p_unknown=round(WORDS_SHARE - opts.p_command, 9),  # (word-less windows unchanged)
         p_near_miss=opts.p_near_miss,
         room=RoomConfig(snr_db=(opts.snr_min_db, RoomConfig().snr_db[1])),
     )
@@ -337,9 +346,15 @@ class KWSRecipe(Recipe):
             ("--p-espeak", opts.p_espeak),
             ("--p-morph", opts.p_morph),
             ("--p-near-miss", opts.p_near_miss),
+            ("--p-command", opts.p_command),
         ):
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"{flag} must be in [0, 1], got {p}")
+        if opts.p_command > WORDS_SHARE:
+            raise ValueError(
+                f"--p-command must be at most {WORDS_SHARE:g} (the share of windows with a "
+                f"word), got {opts.p_command}"
+            )
         self.specaug = SpecAugmentConfig(
             freq_masks=opts.freq_masks,
             freq_mask_width=opts.freq_mask_width,

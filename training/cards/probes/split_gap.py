@@ -20,9 +20,16 @@ import torch
 from dlr_runtime import load_checkpoint
 from training.data.rooms import rir_bank
 from training.data.sc12 import SIL, UNK, clip_windows
-from training.data.vocab import NEAR_MISSES
+from training.data.vocab import NEAR_MISSES, SC12_LABELS
 from training.eval_speech import CLIP_SEED, clip_sample, frame_scores
 from training.recipes.kws import KWSOptions, load_split
+
+
+def as_command(pred: np.ndarray, words: np.ndarray, word: str) -> str:
+    """The command that `word`'s accepted clips are most often taken for, with its count."""
+    taken = Counter(SC12_LABELS[k] for k in pred[(words == word) & (pred < SIL)].tolist())
+    label, n = taken.most_common(1)[0]
+    return f"{label} {n}"
 
 
 def main() -> None:
@@ -67,7 +74,11 @@ def main() -> None:
             }
             tot = Counter(words.tolist())
             tops = Counter(words[acc].tolist()).most_common(a.top)
-            print("  most accepted: " + ", ".join(f"{w} {c}/{tot[w]}" for w, c in tops))
+            taken = pred[unk]
+            print(
+                "  most accepted (word n/clips -> the command most taken for): "
+                + ", ".join(f"{w} {c}/{tot[w]} -> {as_command(taken, words, w)}" for w, c in tops)
+            )
             print(f"{name:5s} {kind:9s} " + "  ".join(f"{k} {v:.3f}" for k, v in row.items()))
     print(json.dumps(out))
 
