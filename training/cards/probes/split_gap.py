@@ -19,7 +19,7 @@ import torch
 
 from dlr_runtime import load_checkpoint
 from training.data.rooms import rir_bank
-from training.data.sc12 import SIL, UNK, clip_windows
+from training.data.sc12 import SIL, UNK, WordPool, clip_windows
 from training.data.vocab import NEAR_MISSES, SC12_LABELS
 from training.eval_speech import CLIP_SEED, clip_sample, frame_scores
 from training.recipes.kws import KWSOptions, load_split
@@ -32,20 +32,29 @@ def as_command(pred: np.ndarray, words: np.ndarray, word: str) -> str:
     return f"{label} {n}"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def clip_args(ap: argparse.ArgumentParser, max_clips: int, splits: list[str]) -> None:
+    """The arguments of a probe on the final split's clips (this one and asr_audit.py)."""
     ap.add_argument("model")
-    ap.add_argument("--max-clips", type=int, default=4000)
+    ap.add_argument("--max-clips", type=int, default=max_clips)
     ap.add_argument("--rhvoice-accents", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--top", type=int, default=25, help="most accepted unknown words shown")
-    ap.add_argument("--splits", nargs="+", default=["train", "valid", "test"])
-    a = ap.parse_args()
+    ap.add_argument("--splits", nargs="+", default=splits)
+
+
+def clip_setup(a: argparse.Namespace) -> tuple[torch.nn.Module, dict[str, WordPool], list]:
+    """The model, the final split's pools (the shipped recipe's voices) and the room bank."""
     torch.set_num_threads(1)
     model = load_checkpoint(a.model).eval()
     opts = KWSOptions(split="final", more_engines=True, rhvoice_accents=a.rhvoice_accents)
-    pools = load_split(opts, a.seed)
-    rirs = rir_bank(opts.cache_dir, seed=a.seed)
+    return model, load_split(opts, a.seed), rir_bank(opts.cache_dir, seed=a.seed)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    clip_args(ap, 4000, ["train", "valid", "test"])
+    ap.add_argument("--top", type=int, default=25, help="most accepted unknown words shown")
+    a = ap.parse_args()
+    model, pools, rirs = clip_setup(a)
     out: dict[str, dict[str, float]] = {}
     for name in a.splits:
         pool = pools[name]
