@@ -8,7 +8,8 @@ contrast is there and the model misses it. An independent judge, trained on reco
 speech, settles which: PocketSphinx's US English acoustic model (the `pocketsphinx` wheel,
 which ships it; nothing is downloaded), forced to choose among the ten commands and the clip's
 own word (a JSGF grammar of eleven words). Commands are judged among the ten commands alone, as
-a check that the judge can hear these voices at all.
+a check that the judge can hear these voices at all. Each clip is judged once, from the
+model's initial cepstral mean, so the order of the clips does not matter.
 
 For each clip (the evaluation's clean clip windows, `sc12.clip_windows`, the same sample as
 `split_gap.py`): the judge's word, and the model's last-frame argmax. The table gives, per
@@ -48,6 +49,7 @@ class Judge:
     def __init__(self) -> None:
         self.dec = Decoder(lm=None, loglevel="FATAL")
         self.searches: set[str] = set()
+        self.cmn = self.dec.get_cmn()  # every clip starts from it: no drift from clip to clip
 
     def pick(self, audio: np.ndarray, words: list[str]) -> str:
         name = "_".join(words)[:200]
@@ -56,6 +58,7 @@ class Judge:
             self.searches.add(name)
         self.dec.activate_search(name)
         pcm = np.concatenate([PAD, audio, PAD]).astype(np.int16)
+        self.dec.set_cmn(self.cmn)
         self.dec.start_utt()
         self.dec.process_raw(pcm.tobytes(), full_utt=True)
         self.dec.end_utt()
@@ -85,15 +88,14 @@ def main() -> None:
         for k, i in enumerate(idx):
             word, engine = str(pool.words[i]), str(pool.engines[i])
             pcm = np.clip(audio[k].numpy() * 32768, -32768, 32767).astype(np.int16)
+            heard = judge.pick(pcm, commands if lab[k] < SIL else [word, *commands])
             for group in (engine, "all"):
                 c = counts[group]
                 if lab[k] < SIL:
-                    heard = judge.pick(pcm, commands)
                     c["commands"] += 1
                     c["commands_judge_right"] += heard == word
                     c["commands_model_right"] += int(pred[k]) == int(lab[k])
                 else:
-                    heard = judge.pick(pcm, [word, *commands])
                     c["near"] += 1
                     c["near_judge_own_word"] += heard == word
                     c["near_model_accepts"] += int(pred[k]) < SIL
