@@ -525,23 +525,32 @@ def test_coded_voices_are_cached_and_each_voice_keeps_its_codec(tmp_path):
     assert len({codecs.codec_for(f"voice{i}", 0).tag for i in range(50)}) >= 5  # a spread
 
 
+class AudioSpy(WordPool):
+    """A pool that records each clip it is asked for: (index, coded) in `calls`."""
+
+    calls: list[tuple[int, bool]]
+
+    def audio(self, i: int, coded: bool = False) -> np.ndarray:
+        self.calls.append((int(i), coded))
+        return super().audio(i, coded)
+
+    @classmethod
+    def of(cls, pool: WordPool) -> AudioSpy:
+        spy = cls(**pool.__dict__)
+        spy.calls = []
+        return spy
+
+
 def test_windows_take_words_from_the_coded_copy_with_codec_prob():
     voices = _voices()
 
-    class Spy(WordPool):
-        def audio(self, i: int, coded: bool = False) -> np.ndarray:
-            self.calls.append(coded)
-            return super().audio(i, coded)
-
     def coded_share(prob: float, with_copy: bool = True) -> float:
-        base = WordPool.from_voices(voices, voices if with_copy else None)
-        pool = Spy(**base.__dict__)
-        pool.calls = []
+        pool = AudioSpy.of(WordPool.from_voices(voices, voices if with_copy else None))
         ds = KWSWindows(pool, [], WindowConfig(room=RoomConfig(codec_prob=prob)), length=200)
         for i in range(200):
             ds[i]
         words = len(pool.calls) - 12 * 200  # (each window also mixes 12 clean babble words)
-        return sum(pool.calls) / words
+        return sum(coded for _, coded in pool.calls) / words
 
     assert coded_share(1.0) == 1.0 and coded_share(0.0) == 0.0
     assert 0.15 < coded_share(0.25) < 0.35

@@ -194,7 +194,14 @@ def test_the_recipe_adds_the_weighted_peak_loss_to_the_frame_loss() -> None:
     no_word = torch.full_like(targets, -100)
     no_phones = torch.zeros(2, MAX_PHONES, dtype=torch.long)
     batch = KWSItem(
-        audio, targets, torch.ones(2), no_word, no_word, no_phones, torch.full((2,), -1)
+        audio,
+        targets,
+        torch.ones(2),
+        no_word,
+        no_word,
+        no_phones,
+        torch.full((2,), -1),
+        torch.full((2,), -1),
     )
     base, n = plain.loss(model, batch, torch.device("cpu"))
     both, _ = peaked.loss(model, batch, torch.device("cpu"))

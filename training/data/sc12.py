@@ -29,7 +29,12 @@ voices then weigh as much as flite's three). With ``p_near_miss``, that share of
 words is drawn among the near misses of a command (``vocab.NEAR_MISSES``: "goat", "yet",
 "dawn", ...; with the dictionary layer of ``near_misses.py`` those words too), the words a
 keyword spotter most often fires on; by default every unknown word is alike, and near misses
-are about a fifth of them.
+are about a fifth of them. With ``p_pair``, that share of the word windows is a *minimal pair*
+instead: a command and one of its near misses (``vocab.NEAR_MISSES_OF``, and the dictionary's
+``near_misses.extra_near_misses`` where the pool has those words), said by the same voice, in
+random order, under one speed change and reverb (one seed for both words' effects) and one
+channel, background and level (the window's), so that only the words differ; the item names
+the pair's command (``KWSItem.pair_cmd``) for the pair loss (``training/pair_loss.py``).
 
 Evaluation clips (:func:`clip_windows`) are 1.5 s windows whose word ends 0.15-0.45 s before
 the end (the last frame's scores are the clip's prediction, as in the server's utterance mode),
@@ -48,10 +53,10 @@ from torch.utils.data import Dataset
 
 from training.data.corpus import VoiceClips
 from training.data.labels import SAMPLE_RATE, SC10_LABELS
-from training.data.near_misses import extra_words
+from training.data.near_misses import extra_near_misses, extra_words
 from training.data.phonemes import PhonemeTable
 from training.data.rooms import RoomConfig, background, channel, level, word_effects
-from training.data.vocab import NEAR_MISSES, SC12_LABELS, SILENCE, UNKNOWN
+from training.data.vocab import NEAR_MISSES, NEAR_MISSES_OF, SC12_LABELS, SILENCE, UNKNOWN
 
 IGNORE = -100
 MAX_PHONES = 32  # room for the phonemes of a window's words (two words: at most ~20)
@@ -61,6 +66,20 @@ UNK = SC12_LABELS.index(UNKNOWN)
 #: ``near_misses.py`` where a run's pool has them (``--extra-near-misses``).
 NEAR_MISS_WORDS: tuple[str, ...] = (*NEAR_MISSES, *extra_words())
 N_COMMANDS = len(SC10_LABELS)
+
+
+def near_miss_commands() -> dict[str, tuple[int, ...]]:
+    """Each near-miss word -> the labels of the commands it is one sound away from (vocab's
+    hand-picked words and the dictionary's, ``near_misses.py``)."""
+    out: dict[str, list[int]] = {}
+    for table in (NEAR_MISSES_OF, extra_near_misses()):
+        for command, words in table.items():
+            lab = SC12_LABELS.index(command)
+            for w in words:
+                labs = out.setdefault(w, [])
+                if lab not in labs:
+                    labs.append(lab)
+    return {w: tuple(labs) for w, labs in out.items()}
 
 
 @dataclass(frozen=True)
@@ -83,6 +102,10 @@ class WindowConfig:
     # clip of it; False: a clip of the group (engines weighted by their clip counts)
     p_near_miss: float = 0.0  # an unknown word is drawn among the near misses of a command
     # (vocab.NEAR_MISSES) with this probability; 0: among every unknown word, no extra draw
+    p_pair: float = 0.0  # a word window is a minimal pair (a command and its near miss, one
+    # voice) with this probability; 0: never, no extra draw
+    pair_onset_s: tuple[float, float] = (0.0, 0.4)  # a pair's first word starts in this span
+    # (early, so that the second word and its hold fit in the window)
     vtlp_prob: float = 0.8  # warp the front end's frequency axis
     vtlp: tuple[float, float] = (0.85, 1.18)
     room: RoomConfig = field(default_factory=RoomConfig)
@@ -175,6 +198,8 @@ class KWSItem(NamedTuple):
     # (data/phonemes.py), padded with 0; all 0 when the dataset has no phoneme table
     n_phones: int  # how many of `phones` are the target; -1: no usable target (a word cut by
     # the window's edge, or no phoneme table)
+    pair_cmd: int  # a minimal-pair window's command label (its near miss is the `_unknown_`
+    # word); -1: not a pair window
 
 
 class KWSWindows(Dataset):
@@ -211,6 +236,40 @@ class KWSWindows(Dataset):
         names, index = np.unique(pool.engines, return_inverse=True)
         self.domain_names: list[str] = [str(n) for n in names]  # sorted engines
         self.clip_domain = index.astype(np.int64)  # (N,) engine index of each clip
+        # minimal pairs, by group: rows (near-miss clip, command label) whose voice also says
+        # that command; and each (voice, command)'s clips
+        self.pair_near: dict[str, np.ndarray] = {}
+        self.voice_command: dict[tuple[str, int], np.ndarray] = {}
+        if cfg.p_pair > 0:
+            self._index_pairs()
+
+    def _index_pairs(self) -> None:
+        pool = self.pool
+        for lab in range(N_COMMANDS):
+            idx = np.flatnonzero(pool.labels == lab)
+            for v in np.unique(pool.voices[idx]):
+                self.voice_command[(str(v), lab)] = idx[pool.voices[idx] == v]
+        commands_of = near_miss_commands()
+        rows: dict[str, list[tuple[int, int]]] = {}
+        for i in np.flatnonzero(pool.labels == UNK):
+            voice = str(pool.voices[i])
+            group = "espeak" if pool.engines[i] == "espeak" and not pool.morphed[i] else "other"
+            for lab in commands_of.get(str(pool.words[i]), ()):
+                if (voice, lab) in self.voice_command:
+                    rows.setdefault(group, []).append((int(i), lab))
+        self.pair_near = {g: np.array(r, np.int64) for g, r in sorted(rows.items())}
+
+    def _pick_pair(self, rng: np.random.Generator) -> tuple[int, int, int]:
+        """A minimal pair: (command clip, near-miss clip, command label), one voice; the group
+        (espeak-ng or the others) is drawn as for a single word."""
+        groups = list(self.pair_near)
+        g = groups[0]
+        if len(groups) == 2:
+            g = "espeak" if rng.random() < self.cfg.p_espeak else "other"
+        rows = self.pair_near[g]
+        near, lab = (int(x) for x in rows[rng.integers(len(rows))])
+        same = self.voice_command[(str(self.pool.voices[near]), lab)]
+        return int(same[rng.integers(len(same))]), near, lab
 
     def _per_engine(self, idx: np.ndarray) -> list[np.ndarray]:
         """`idx` split by engine with balance_engines, else as one array."""
@@ -265,15 +324,30 @@ class KWSWindows(Dataset):
         has_word = rng.random() < cfg.p_command + cfg.p_unknown
         n_words = (2 if rng.random() < cfg.p_two_words else 1) if has_word else 0
         pos = int(rng.uniform(-0.2, cfg.onset_max_s) * SAMPLE_RATE)
+        pair: list[int] = []  # a minimal pair's two clips, in the order they are said
+        pair_cmd, effects_seed, pair_coded = -1, 0, False
+        if has_word and self.pair_near and rng.random() < cfg.p_pair:
+            cmd_i, near_i, pair_cmd = self._pick_pair(rng)
+            pair = [cmd_i, near_i] if rng.random() < 0.5 else [near_i, cmd_i]
+            n_words = 2
+            pos = int(rng.uniform(*cfg.pair_onset_s) * SAMPLE_RATE)
+            effects_seed = int(rng.integers(2**62))
+            pair_coded = self.pool.coded is not None and rng.random() < rc.codec_prob
         power, count = 0.0, 0
         sr = SAMPLE_RATE
         phones: list[int] = []
         whole = self.phonemes is not None  # every word inside the window (a usable target)
-        for _ in range(n_words):
-            label = self._event_label(rng)
-            i = self._pick(label, rng)
-            coded = self.pool.coded is not None and rng.random() < rc.codec_prob
-            word, speech_len = word_effects(self.pool.audio(i, coded), rc, self.rirs, rng)
+        for k in range(n_words):
+            if pair:  # both words under the same effects
+                i, coded = pair[k], pair_coded
+                label = int(self.pool.labels[i])
+                fx_rng = np.random.default_rng(effects_seed)
+            else:
+                label = self._event_label(rng)
+                i = self._pick(label, rng)
+                coded = self.pool.coded is not None and rng.random() < rc.codec_prob
+                fx_rng = rng
+            word, speech_len = word_effects(self.pool.audio(i, coded), rc, self.rirs, fx_rng)
             _place(x, word, pos)
             end = pos + speech_len
             if self.phonemes is not None:
@@ -312,6 +386,7 @@ class KWSWindows(Dataset):
             torch.from_numpy(words),
             padded,
             len(phones) if whole else -1,
+            pair_cmd,
         )
 
 

@@ -18,7 +18,10 @@ the words' engines, so that an engine's signature is not what the classifier rea
 (``training/invariance.py``); with ``--phoneme-loss-weight``, plus a CTC loss of a second,
 training-only head that spells each window's words in phonemes from the last block's per-frame
 features (``training/phoneme_loss.py``), so the network learns what was said beyond twelve
-classes. The front end's mel filterbank is warped per window during
+classes; with ``--p-pair``, that share of the word windows is a minimal pair, a command and one
+of its near misses said by the same voice under the same effects (``sc12.py``), and with
+``--pair-loss-weight`` a margin loss asks that the command's log-odds against ``_unknown_`` be
+higher on the command than on its near miss (``training/pair_loss.py``). The front end's mel filterbank is warped per window during
 training (vocal-tract-length perturbation), and with ``--freq-masks`` / ``--time-masks`` spans
 of mel bands and frames are masked (SpecAugment, ``training.spec_augment``); the shipped front
 end is unwarped and unmasked.
@@ -78,6 +81,7 @@ from training.data.vocab import SC12_LABELS, unknown_words
 from training.distributed import DistContext, ShardedSampler
 from training.invariance import InvarianceConfig, domain_share
 from training.modelopts import ModelOptions
+from training.pair_loss import PairLossConfig, pair_gaps, pair_margin_loss
 from training.peak_loss import (
     PeakLossConfig,
     false_peak_loss,
@@ -133,6 +137,11 @@ class KWSOptions:
     p_near_miss: float = 0.0  # share of unknown words drawn from the near misses of a command
     # (data/vocab.py NEAR_MISSES, and with extra_near_misses those too); 0: every unknown word
     # alike
+    p_pair: float = 0.0  # share of word windows that are a minimal pair: a command and one of its
+    # near misses from the same voice, under the same effects (data/sc12.py); 0: none
+    pair_loss_weight: float = 0.0  # adds this times the pair windows' margin loss on the
+    # command's log-odds against _unknown_ (training/pair_loss.py); 0 = off
+    pair_margin: float = 6.0  # that loss's wanted gap in log-odds (nats)
     extra_near_misses: bool = False  # the training voices also say the dictionary's near misses
     # of the commands (data/near_misses.py; about 220 words, never in valid or test), a layer
     # cached apart from the corpus (corpus.near_miss_layer)
@@ -233,6 +242,7 @@ def window_config(opts: KWSOptions) -> WindowConfig:
         p_command=opts.p_command,
         p_unknown=round(WORDS_SHARE - opts.p_command, 9),  # (word-less windows unchanged)
         p_near_miss=opts.p_near_miss,
+        p_pair=opts.p_pair,
         room=RoomConfig(snr_db=(opts.snr_min_db, RoomConfig().snr_db[1])),
     )
 
@@ -347,6 +357,7 @@ class KWSRecipe(Recipe):
             ("--p-morph", opts.p_morph),
             ("--p-near-miss", opts.p_near_miss),
             ("--p-command", opts.p_command),
+            ("--p-pair", opts.p_pair),
         ):
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"{flag} must be in [0, 1], got {p}")
@@ -368,6 +379,10 @@ class KWSRecipe(Recipe):
             smooth_frames=opts.peak_smooth_frames,
         )
         self.peak.check()
+        self.pair = PairLossConfig(weight=opts.pair_loss_weight, margin=opts.pair_margin)
+        self.pair.check()
+        if self.pair.active and opts.p_pair <= 0:
+            raise ValueError("--pair-loss-weight needs pair windows (--p-pair > 0)")
         self.invariance = InvarianceConfig(
             weight=opts.invariance_weight,
             classwise=opts.invariance_classwise,
@@ -512,6 +527,15 @@ class KWSRecipe(Recipe):
             if self.peak.false_weight > 0:
                 false = false_peak_loss(sm, t, self.reject_labels, self.command_labels)
                 loss = loss + self.peak.false_weight * false
+        if self.opts.p_pair > 0:  # pair windows: their gap measured, the loss added if asked
+            pair_cmd, t = item.pair_cmd.to(device), targets[:, :n]
+            if self.pair.active:
+                pl = pair_margin_loss(logits[:, :n], t, pair_cmd, UNK, self.pair.margin)
+                loss = loss + self.pair.weight * pl
+            with torch.no_grad():
+                gaps = pair_gaps(logits[:, :n].float(), t, pair_cmd, UNK)
+            if gaps.numel():
+                self._accumulate("pair_gap", gaps.mean())
         if feats_out is not None:  # measured in every run that has the features, added if asked
             domains = item.domains.to(device)[:, :n]  # (B, n)
             groups = item.words.to(device)[:, :n] if self.invariance.classwise else None
@@ -599,6 +623,12 @@ class KWSRecipe(Recipe):
                 "block": self.opts.phoneme_loss_block or self.model_opts.n_layers,
                 "phonemes": len(self.phoneme_table.inventory),
                 "final": last["phoneme_loss"],
+            }
+        if "pair_gap" in last:
+            results["pairs"] = {
+                "p_pair": self.opts.p_pair,
+                **asdict(self.pair),
+                "gap": last["pair_gap"],
             }
         results["sizes"] = {
             k: {
