@@ -618,7 +618,9 @@ def test_p_near_miss_draws_that_share_of_unknown_words_among_the_near_misses(bal
     assert [ds._pick(c, rng_a) for c in range(10)] == [plain._pick(c, rng_b) for c in range(10)]
 
 
-@pytest.mark.parametrize("field", ["p_espeak", "p_morph", "p_near_miss", "p_command"])
+@pytest.mark.parametrize(
+    "field", ["p_espeak", "p_morph", "p_near_miss", "p_command", "p_pair", "speed_prob"]
+)
 def test_word_mix_shares_outside_zero_one_are_refused(field):
     from training.config import TrainConfig
     from training.modelopts import ModelOptions
@@ -651,6 +653,29 @@ def test_p_command_moves_words_between_commands_and_unknown_words_only():
     assert abs(empty_default - empty_low) < 0.06  # word-less windows stay at their share
     with pytest.raises(ValueError, match="--p-command must be at most 0.85"):
         KWSRecipe(KWSOptions(p_command=0.9), ModelOptions(), TrainConfig())
+
+
+def test_speed_prob_sets_how_often_a_training_word_is_resampled(monkeypatch):
+    import training.data.rooms as rooms
+    from training.recipes.kws import KWSOptions, window_config
+
+    assert window_config(KWSOptions(speed_prob=0.0)).room.speed_prob == 0.0
+    calls = []
+    real = rooms.change_speed
+
+    def spy(a, factor):
+        calls.append(factor)
+        return real(a, factor)
+
+    monkeypatch.setattr(rooms, "change_speed", spy)
+    pool = WordPool.from_voices(_voices())
+    for prob in (0.0, 0.7):
+        ds = KWSWindows(pool, [], window_config(KWSOptions(speed_prob=prob)), length=100)
+        calls.clear()
+        words = sum(
+            int(((ds[i].targets != SIL) & (ds[i].targets != IGNORE)).any()) for i in range(100)
+        )
+        assert (len(calls) == 0) if prob == 0 else (len(calls) > 0.4 * words)
 
 
 def test_snr_min_db_sets_the_low_end_of_the_training_windows_snr():

@@ -145,6 +145,8 @@ class KWSOptions:
     extra_near_misses: bool = False  # the training voices also say the dictionary's near misses
     # of the commands (data/near_misses.py; about 220 words, never in valid or test), a layer
     # cached apart from the corpus (corpus.near_miss_layer)
+    speed_prob: float = RoomConfig.speed_prob  # share of training words whose speed is changed
+    # by resampling (0.85-1.15: pitch and formants move with it; data/rooms.py)
     snr_min_db: float = 0.0  # low end (dB) of the windows' speech-to-background ratio (to 30)
     # (data/rooms.py RoomConfig.snr_db)
     kokoro_extra: bool = False  # eight more Kokoro mixes of the training speakers (train only)
@@ -243,7 +245,9 @@ def window_config(opts: KWSOptions) -> WindowConfig:
         p_unknown=round(WORDS_SHARE - opts.p_command, 9),  # (word-less windows unchanged)
         p_near_miss=opts.p_near_miss,
         p_pair=opts.p_pair,
-        room=RoomConfig(snr_db=(opts.snr_min_db, RoomConfig().snr_db[1])),
+        room=RoomConfig(
+            snr_db=(opts.snr_min_db, RoomConfig().snr_db[1]), speed_prob=opts.speed_prob
+        ),
     )
 
 
@@ -358,6 +362,7 @@ class KWSRecipe(Recipe):
             ("--p-near-miss", opts.p_near_miss),
             ("--p-command", opts.p_command),
             ("--p-pair", opts.p_pair),
+            ("--speed-prob", opts.speed_prob),
         ):
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"{flag} must be in [0, 1], got {p}")
