@@ -147,6 +147,12 @@ def test_both_words_of_a_pair_get_the_same_effects(monkeypatch):
     assert pairs > 10
 
 
+def test_pairs_asked_of_a_pool_without_them_are_refused():
+    pool = WordPool.from_voices(_voices())  # its unknown words are no near miss
+    with pytest.raises(ValueError, match="p_pair > 0 needs near misses"):
+        KWSWindows(pool, [], WindowConfig(p_pair=0.5))
+
+
 def test_no_pair_windows_by_default():
     ds = KWSWindows(_pair_pool(), [], WindowConfig(), length=50)
     assert not ds.pair_near and all(ds[k].pair_cmd == -1 for k in range(50))

@@ -258,10 +258,16 @@ class KWSWindows(Dataset):
                 if (voice, lab) in self.voice_command:
                     rows.setdefault(group, []).append((int(i), lab))
         self.pair_near = {g: np.array(r, np.int64) for g, r in sorted(rows.items())}
+        if not self.pair_near:
+            raise ValueError(
+                "p_pair > 0 needs near misses of a command said by a voice that also says the "
+                "command; this pool has none"
+            )
 
     def _pick_pair(self, rng: np.random.Generator) -> tuple[int, int, int]:
         """A minimal pair: (command clip, near-miss clip, command label), one voice; the group
-        (espeak-ng or the others) is drawn as for a single word."""
+        (espeak-ng or the others, morphs among them) is drawn with p_espeak, then a near-miss
+        clip uniformly (balance_engines does not apply)."""
         groups = list(self.pair_near)
         g = groups[0]
         if len(groups) == 2:
