@@ -16,13 +16,41 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 import torch
 
 from dlr_runtime import load_checkpoint
 from training.data.rooms import rir_bank
-from training.data.sc12 import SIL, UNK, KWSWindows
+from training.data.sc12 import SIL, UNK, KWSWindows, WordPool
 from training.recipes.kws import KWSOptions, load_split, window_config
+
+
+def pair_scores(
+    model: torch.nn.Module, pool: WordPool, rirs: list, opts: KWSOptions, windows: int, hold: int
+) -> dict[str, float]:
+    """Fresh minimal-pair windows of `pool` through `model`: the share of near misses taken
+    for a command and of commands given their label, `hold` frames into each word's hold."""
+    ds = KWSWindows(pool, rirs, window_config(replace(opts, p_pair=1.0)), 0x9A1, windows)
+    pairs = near_taken = cmd_right = 0
+    with torch.no_grad():
+        for s in range(0, windows, 32):
+            items = [ds[k] for k in range(s, min(windows, s + 32))]
+            pred = model(torch.stack([it.audio for it in items])).argmax(-1)  # (b, F)
+            for it, p in zip(items, pred, strict=True):
+                t = it.targets[: len(p)]
+                near = (t == UNK).nonzero().flatten()
+                cmd = (t == it.pair_cmd).nonzero().flatten()
+                if it.pair_cmd < 0 or not len(near) or not len(cmd):
+                    continue  # a word-less window, or the second word cut by the window's end
+                pairs += 1
+                near_taken += int(p[near[min(len(near) - 1, hold)]] < SIL)
+                cmd_right += int(p[cmd[min(len(cmd) - 1, hold)]] == it.pair_cmd)
+    return {
+        "pairs": pairs,
+        "near_miss_taken_for_a_command": near_taken / max(1, pairs),
+        "command_right": cmd_right / max(1, pairs),
+    }
 
 
 def main() -> None:
@@ -43,33 +71,11 @@ def main() -> None:
         more_engines=not args.tiny_corpus,
         rhvoice_accents=args.rhvoice_accents,
         tiny_corpus=args.tiny_corpus,
-        p_pair=1.0,
     )
     pool = load_split(opts, args.seed)[args.split]
     rirs = rir_bank(opts.cache_dir, seed=args.seed)
-    ds = KWSWindows(pool, rirs, window_config(opts), seed=0x9A1, length=args.windows)
-    pairs = near_taken = cmd_right = 0
-    with torch.no_grad():
-        for s in range(0, args.windows, 32):
-            items = [ds[k] for k in range(s, min(args.windows, s + 32))]
-            pred = model(torch.stack([it.audio for it in items])).argmax(-1)  # (b, F)
-            for it, p in zip(items, pred, strict=True):
-                t = it.targets[: len(p)]
-                near = (t == UNK).nonzero().flatten()
-                cmd = (t == it.pair_cmd).nonzero().flatten()
-                if it.pair_cmd < 0 or not len(near) or not len(cmd):
-                    continue  # a word-less window, or the second word cut by the window's end
-                pairs += 1
-                near_taken += int(p[near[min(len(near) - 1, args.hold_frame)]] < SIL)
-                cmd_right += int(p[cmd[min(len(cmd) - 1, args.hold_frame)]] == it.pair_cmd)
-    out = {
-        "model": args.model,
-        "split": args.split,
-        "pairs": pairs,
-        "near_miss_taken_for_a_command": near_taken / max(1, pairs),
-        "command_right": cmd_right / max(1, pairs),
-    }
-    print(json.dumps(out))
+    scores = pair_scores(model, pool, rirs, opts, args.windows, args.hold_frame)
+    print(json.dumps({"model": args.model, "split": args.split, **scores}))
 
 
 if __name__ == "__main__":
