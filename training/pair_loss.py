@@ -77,9 +77,14 @@ def pair_margin_loss(
 ) -> torch.Tensor:
     """The mean of softplus(margin - gap) over the batch's pair windows (0 when it has none)."""
     dtype = torch.promote_types(logits.dtype, torch.float32)  # (float64 stays float64)
-    gap = pair_gaps(logits.to(dtype), targets, pair_cmd, unknown)
+    return margin_loss(pair_gaps(logits.to(dtype), targets, pair_cmd, unknown), margin)
+
+
+def margin_loss(gap: torch.Tensor, margin: float) -> torch.Tensor:
+    """The mean of softplus(margin - gap) over the gaps (P,) of :func:`pair_gaps` (0 with a
+    graph when there are none), for a caller that also reports the gaps."""
     if gap.numel() == 0:
-        return logits.sum() * 0.0  # (keeps the graph; no pair in this batch)
+        return gap.sum() * 0.0  # (keeps the graph; no pair in this batch)
     return F.softplus(margin - gap).mean()
 
 

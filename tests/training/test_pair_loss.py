@@ -164,6 +164,10 @@ def test_the_recipe_adds_the_weighted_pair_loss_and_refuses_it_without_pairs():
         KWSRecipe(KWSOptions(pair_loss_weight=1.0), small, TrainConfig())
     with pytest.raises(ValueError, match="--p-pair must be"):
         KWSRecipe(KWSOptions(p_pair=1.5), small, TrainConfig())
+    with pytest.raises(ValueError, match="--pair-loss-weight must be >= 0"):
+        KWSRecipe(KWSOptions(p_pair=0.5, pair_loss_weight=-1.0), small, TrainConfig())
+    with pytest.raises(ValueError, match="--pair-margin must be >= 0"):
+        KWSRecipe(KWSOptions(p_pair=0.5, pair_margin=-1.0), small, TrainConfig())
     plain = KWSRecipe(KWSOptions(vtlp=False, p_pair=1.0), small, TrainConfig())
     paired = KWSRecipe(
         KWSOptions(vtlp=False, p_pair=1.0, pair_loss_weight=0.5, pair_margin=3.0),

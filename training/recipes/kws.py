@@ -21,8 +21,8 @@ features (``training/phoneme_loss.py``), so the network learns what was said bey
 classes; with ``--p-pair``, that share of the word windows is a minimal pair, a command and one
 of its near misses said by the same voice under the same effects (``sc12.py``), and with
 ``--pair-loss-weight`` a margin loss asks that the command's log-odds against ``_unknown_`` be
-higher on the command than on its near miss (``training/pair_loss.py``). The front end's mel filterbank is warped per window during
-training (vocal-tract-length perturbation), and with ``--freq-masks`` / ``--time-masks`` spans
+higher on the command than on its near miss (``training/pair_loss.py``). The front end's mel
+filterbank is warped per window during training (vocal-tract-length perturbation), and with ``--freq-masks`` / ``--time-masks`` spans
 of mel bands and frames are masked (SpecAugment, ``training.spec_augment``); the shipped front
 end is unwarped and unmasked.
 
@@ -81,7 +81,7 @@ from training.data.vocab import SC12_LABELS, unknown_words
 from training.distributed import DistContext, ShardedSampler
 from training.invariance import InvarianceConfig, domain_share
 from training.modelopts import ModelOptions
-from training.pair_loss import PairLossConfig, pair_gaps, pair_margin_loss
+from training.pair_loss import PairLossConfig, margin_loss, pair_gaps
 from training.peak_loss import (
     PeakLossConfig,
     false_peak_loss,
@@ -534,13 +534,12 @@ class KWSRecipe(Recipe):
                 loss = loss + self.peak.false_weight * false
         if self.opts.p_pair > 0:  # pair windows: their gap measured, the loss added if asked
             pair_cmd, t = item.pair_cmd.to(device), targets[:, :n]
+            with torch.set_grad_enabled(self.pair.active and torch.is_grad_enabled()):
+                gaps = pair_gaps(logits[:, :n].float(), t, pair_cmd, UNK)  # (P,)
             if self.pair.active:
-                pl = pair_margin_loss(logits[:, :n], t, pair_cmd, UNK, self.pair.margin)
-                loss = loss + self.pair.weight * pl
-            with torch.no_grad():
-                gaps = pair_gaps(logits[:, :n].float(), t, pair_cmd, UNK)
+                loss = loss + self.pair.weight * margin_loss(gaps, self.pair.margin)
             if gaps.numel():
-                self._accumulate("pair_gap", gaps.mean())
+                self._accumulate("pair_gap", gaps.detach().mean())
         if feats_out is not None:  # measured in every run that has the features, added if asked
             domains = item.domains.to(device)[:, :n]  # (B, n)
             groups = item.words.to(device)[:, :n] if self.invariance.classwise else None

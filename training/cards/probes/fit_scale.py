@@ -85,6 +85,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--windows", type=int, default=800)
     args = ap.parse_args()
+    if args.voices < 1:
+        ap.error(f"--voices must be >= 1, got {args.voices}")
     spec = RECIPES["kws"]  # dlr-train kws's defaults, as the six-voice runs had them
     opts = KWSOptions(codecs=True, more_engines=True, rhvoice_accents=True)
     model_opts = ModelOptions(**{**spec.model, "d_model": 96, "dropout": 0.0})
