@@ -18,7 +18,7 @@ InitKind = Literal["omega", "random"]
 NormKind = Literal["layernorm", "rmsnorm", "none"]
 EncoderKind = Literal["tokens", "audio"]
 DecoderKind = Literal["lm", "classifier"]
-FrontendKind = Literal["raw", "logmel", "pcen", "logmel_pcen"]
+FrontendKind = Literal["raw", "logmel", "pcen", "logmel_pcen", "speech_embedding"]
 FRONTENDS: tuple[FrontendKind, ...] = get_args(FrontendKind)
 PCEN_FRONTENDS = ("pcen", "logmel_pcen")  # the front ends with a PCEN stage (pcen.py)
 
@@ -78,7 +78,9 @@ class DLRConfig:
     labels: list[str] = field(default_factory=list)  # classifier: class names (n_classes)
     frontend: FrontendKind = "raw"  # audio: per-frame front end (raw | logmel | pcen |
     # logmel_pcen), frontend.py; pcen: mel energies through a causal, trainable PCEN (pcen.py);
-    # logmel_pcen: the log-mel features and the PCEN ones side by side (2 * n_mels)
+    # logmel_pcen: the log-mel features and the PCEN ones side by side (2 * n_mels);
+    # speech_embedding: a frozen network learnt from recorded speech (speech_embedding.py),
+    # which fixes frame_stride 1280 and frame_window 12512 at 16 kHz (EMBED_*)
     n_mels: int = 40  # audio, mel front ends: mel bands per frame
     pool_window_s: float = 0.0  # classifier: 0 = running mean; > 0 = exp. window (s), heads.py
     feature_norm_s: float = 0.0  # audio: subtract the causal exp. mean (time constant, s) of
@@ -142,6 +144,15 @@ class DLRConfig:
                 f"({self.frame_stride}), got {self.frame_window!r}"
             )
 
+        if self.frontend == "speech_embedding":
+            fixed = {"sample_rate": 16000, "frame_stride": 1280, "frame_window": 12512}
+            for name, value in fixed.items():
+                if getattr(self, name) != value:
+                    raise ValueError(
+                        f"DLRConfig.frontend speech_embedding needs {name} {value}, "
+                        f"got {getattr(self, name)!r}"
+                    )
+
     @property
     def window(self) -> int:
         """Samples the audio front end sees per frame (the frame and the `history` before it)."""
@@ -155,9 +166,12 @@ class DLRConfig:
     @property
     def feature_dim(self) -> int:
         """Features per frame into the frame projection: the window's samples (raw), n_mels
-        (logmel, pcen) or both compressions of the mel energies side by side (logmel_pcen)."""
+        (logmel, pcen), both compressions of the mel energies side by side (logmel_pcen), or the
+        speech embedding's 96 (speech_embedding)."""
         if self.frontend == "raw":
             return self.window
+        if self.frontend == "speech_embedding":
+            return 96  # speech_embedding.EMBED_DIM
         return 2 * self.n_mels if self.frontend == "logmel_pcen" else self.n_mels
 
     @property

@@ -17,6 +17,8 @@ in the state ("frame_hist", `framing.py`); a stream starts with a history of zer
   them with a causal per-channel energy normalisation (`pcen.py`), which has a state.
 - ``logmel_pcen``: the mel energies (`MelEnergy`) compressed both ways, the ``logmel``
   features followed by the PCEN ones (2 * n_mels per frame; `pcen.py`).
+- ``speech_embedding``: a frozen network learnt from recorded human speech, 96 numbers every
+  80 ms from a 0.78 s window (`speech_embedding.py`).
 
 The front end itself is position-wise with no state: a frame is encoded once its last sample
 has arrived, exactly in every form (offline, chunk, step). Every table is a non-persistent
@@ -35,6 +37,7 @@ import torch
 from torch import nn
 
 from .config import PCEN_FRONTENDS, DLRConfig
+from .speech_embedding import SpeechEmbedding
 
 LOG_EPS = 1e-6  # floor inside the log: -13.8 for digital silence
 LOG_SHIFT = 6.0  # (log(mel) + LOG_SHIFT) / LOG_SCALE keeps speech and silence within ~[-2, 2]
@@ -158,6 +161,8 @@ def make_frontend(cfg: DLRConfig) -> nn.Module:
     """The front end named by `cfg.frontend` (it exposes `out_dim`)."""
     if cfg.frontend == "logmel":
         return LogMel(cfg.window, cfg.frame_stride, cfg.sample_rate, cfg.n_mels)
+    if cfg.frontend == "speech_embedding":
+        return SpeechEmbedding()
     if cfg.frontend in PCEN_FRONTENDS:
         return MelEnergy(cfg.window, cfg.frame_stride, cfg.sample_rate, cfg.n_mels)
     return RawFrames(cfg.window)

@@ -26,6 +26,7 @@ from .feature_norm import norm_decay, normalise
 from .frontend import make_frontend
 from .heads import pool_decay, pooled
 from .pcen import PCEN, pcen_decay
+from .speech_embedding import SpeechEmbedding
 from .ssm import DiagonalSSM, make_layer
 
 
@@ -94,6 +95,8 @@ class Encoder(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "tokens":
             return self.embed(x)
+        if isinstance(self.frontend, SpeechEmbedding):  # every frame's window in one pass
+            return self.embed_features(self.frontend.from_audio(x, self.history))
         return self.embed_features(self.frontend(frames_of(x, self.stride, self.history)))
 
     def embed_features(self, feats: torch.Tensor) -> torch.Tensor:

