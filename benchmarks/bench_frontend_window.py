@@ -5,7 +5,12 @@ the 320 samples before the frame), or, `--variant pcen`, with the frame's mel en
 the PCEN front end (`dlr_runtime/pcen.py`, at its initial per-band values: the cost does not
 depend on them; the state keeps each band's smoothed energy), or, `--variant logmel_pcen`,
 with the shipped log-mel features and the PCEN ones side by side (the shipped weights widened by
-`training.widen_frontend`: the same scores, 80 features into the frame map).
+`training.widen_frontend`: the same scores, 80 features into the frame map), or, `--variant
+speech_embedding`, with the frozen speech embedding (`dlr_runtime/speech_embedding.py`: 80 ms
+frames, each from a 0.78 s window; the shipped weights but a new frame map, at its initial
+values: the cost does not depend on them). A 100 ms chunk from a fresh state completes one
+80 ms frame; a live stream averages 1.25 per chunk, so its cost per second is 1.25x the
+chunk's (the table's last column).
 
 Per batch of streams (1, 16, 64): median seconds per 100 ms chunk (5 frames, the server's
 piece) through the engine's speech backend for each front end, measured in alternating rounds
@@ -13,7 +18,7 @@ in one process (best round kept), the ratio variant / frame, the front end alone
 frames through the front end and, for PCEN, its compression), and the state bytes per session.
 
     nice -n 10 .venv/bin/python -m benchmarks.bench_frontend_window
-        [--variant window|pcen|logmel_pcen]
+        [--variant window|pcen|logmel_pcen|speech_embedding]
         [--backend fused|torch] [--rounds 3] [--results benchmarks/RESULTS.md]
 """
 
@@ -29,6 +34,7 @@ from dlr_runtime import DLRModel, load_checkpoint, to_recurrent
 from dlr_runtime.backends import Backend, make_backend
 from dlr_runtime.model import frames_of
 from dlr_runtime.recurrent import RecurrentModel
+from dlr_runtime.speech_embedding import EMBED_STRIDE, EMBED_WINDOW
 from training.widen_frontend import widen
 
 BATCHES = (1, 16, 64)
@@ -39,7 +45,11 @@ TITLES = {
     "window": "Speech front end: overlapping windows (bench_frontend_window)",
     "pcen": "Speech front end: PCEN (bench_frontend_window --variant pcen)",
     "logmel_pcen": "Speech front end: log-mel and PCEN (bench_frontend_window --variant logmel_pcen)",
+    "speech_embedding": (
+        "Speech front end: the speech embedding (bench_frontend_window --variant speech_embedding)"
+    ),
 }
+EMBED_FRAMING = {"frame_stride": EMBED_STRIDE, "frame_window": EMBED_WINDOW}
 
 
 def backends(model_dir: str, kind: str, variant: str) -> dict[str, tuple[RecurrentModel, Backend]]:
@@ -51,6 +61,10 @@ def backends(model_dir: str, kind: str, variant: str) -> dict[str, tuple[Recurre
     frame.load_state_dict(base.state_dict())
     if variant == "logmel_pcen":  # the frame map widened, PCEN columns at zero
         other = widen(frame)
+    elif variant == "speech_embedding":  # a new frame map (96 inputs), the rest as shipped
+        other = DLRModel(replace(cfg, frontend="speech_embedding", **EMBED_FRAMING))
+        kept = {k: v for k, v in base.state_dict().items() if not k.startswith("encoder.frame.")}
+        other.load_state_dict(kept, strict=False)
     else:
         other = DLRModel(
             replace(cfg, frame_window=2 * cfg.frame_stride)
@@ -73,6 +87,12 @@ def front_end(rec: RecurrentModel, x: torch.Tensor) -> torch.Tensor:
         return feats
     zeros = torch.zeros(x.shape[0], cfg.n_mels, dtype=torch.float64)
     return rec.encoder.pcen.chunk(feats, zeros, torch.zeros(x.shape[0], dtype=torch.float64))[0]
+
+
+def per_chunk(rec: RecurrentModel) -> float:
+    """Frames a live stream completes per chunk over those a chunk from a fresh state does."""
+    stride = rec.config.frame_stride
+    return (CHUNK / stride) / (CHUNK // stride)
 
 
 def main() -> None:
@@ -103,7 +123,8 @@ def main() -> None:
                 fe_best[name] = min(fe_best.get(name, float("inf")), sec)
         rows.append(
             [b, 1e3 * best["frame"], 1e3 * best[v], best[v] / best["frame"],
-             1e3 * fe_best["frame"], 1e3 * fe_best[v]]
+             1e3 * fe_best["frame"], 1e3 * fe_best[v],
+             best[v] * per_chunk(bes[v][0]) / (best["frame"] * per_chunk(bes["frame"][0]))]
         )  # fmt: skip
     state_kb = {n: rec.state_bytes() / 1024 for n, (rec, _) in bes.items()}
     body = (
@@ -118,6 +139,7 @@ def main() -> None:
                 f"{v} / frame",
                 "front end, frame: ms",
                 f"front end, {v}: ms",
+                f"per stream-second, {v} / frame",
             ],
             rows,
         )  # fmt: skip

@@ -15,6 +15,7 @@ import torch
 from scipy.signal import resample_poly
 
 from dlr_runtime import DLRConfig, DLRModel, save_checkpoint
+from dlr_runtime.speech_embedding import EMBED_STRIDE, EMBED_WINDOW
 
 RATE = 16000
 NAME = "tiny-kws"
@@ -23,13 +24,18 @@ LABELS += ["_silence_", "_unknown_"]
 DETECTION = {"threshold": 0.3, "smooth_ms": 50.0, "refractory_ms": 300.0}
 
 
-def write_kws_model(root, frame_window: int = 0) -> None:
+def write_kws_model(root, frame_window: int = 0, frontend: str = "logmel") -> None:
     """The tiny model as `root / NAME`; `frame_window` 320: overlapping 20 ms log-mel windows
-    every 10 ms frame (the state keeps the samples before each frame)."""
+    every 10 ms frame (the state keeps the samples before each frame); `frontend`
+    "speech_embedding": the frozen speech embedding instead, with its own framing (80 ms frames,
+    0.78 s windows)."""
+    framing = {"frame_stride": 160, "frame_window": frame_window}
+    if frontend == "speech_embedding":
+        framing = {"frame_stride": EMBED_STRIDE, "frame_window": EMBED_WINDOW}
     cfg = DLRConfig(
         d_model=16, d_state=8, n_layers=2, encoder="audio", decoder="classifier",
-        labels=LABELS, frame_stride=160, frontend="logmel", n_mels=16, pool_window_s=0.5,
-        dt_min=0.01, dt_max=0.5, sample_rate=RATE, frame_window=frame_window,
+        labels=LABELS, frontend=frontend, n_mels=16, pool_window_s=0.5,
+        dt_min=0.01, dt_max=0.5, sample_rate=RATE, **framing,
     )  # fmt: skip
     torch.manual_seed(0)
     m = DLRModel(cfg, seed=5)
