@@ -21,6 +21,11 @@ DecoderKind = Literal["lm", "classifier"]
 FrontendKind = Literal["raw", "logmel", "pcen", "logmel_pcen", "speech_embedding"]
 FRONTENDS: tuple[FrontendKind, ...] = get_args(FrontendKind)
 PCEN_FRONTENDS = ("pcen", "logmel_pcen")  # the front ends with a PCEN stage (pcen.py)
+# The speech embedding's fixed framing at 16 kHz (speech_embedding.py): an 80 ms frame (its
+# hop of 8 mel frames of 160 samples) seen through 76 mel frames' window, 96 features out.
+EMBED_STRIDE = 1280
+EMBED_WINDOW = 512 + 75 * 160  # 12,512 samples
+EMBED_DIM = 96
 
 SC10_LABELS = ["yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go"]
 _SPEECH = {"encoder": "audio", "decoder": "classifier", "sample_rate": 16000, "frame_stride": 160}
@@ -145,7 +150,11 @@ class DLRConfig:
             )
 
         if self.frontend == "speech_embedding":
-            fixed = {"sample_rate": 16000, "frame_stride": 1280, "frame_window": 12512}
+            fixed = {
+                "sample_rate": 16000,
+                "frame_stride": EMBED_STRIDE,
+                "frame_window": EMBED_WINDOW,
+            }
             for name, value in fixed.items():
                 if getattr(self, name) != value:
                     raise ValueError(
@@ -171,7 +180,7 @@ class DLRConfig:
         if self.frontend == "raw":
             return self.window
         if self.frontend == "speech_embedding":
-            return 96  # speech_embedding.EMBED_DIM
+            return EMBED_DIM
         return 2 * self.n_mels if self.frontend == "logmel_pcen" else self.n_mels
 
     @property

@@ -33,15 +33,16 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
+from .config import EMBED_DIM, EMBED_STRIDE, EMBED_WINDOW
+
 ASSET = Path(__file__).parent / "assets" / "speech_embedding.safetensors"
 N_FFT = 512  # samples per mel frame's DFT
 MEL_HOP = 160  # samples between mel frames (10 ms)
 N_MELS = 32
 EMBED_FRAMES = 76  # mel frames per embedding
 EMBED_HOP = 8  # mel frames between embeddings: the stack's pooling in time (2 x 2 x 2)
-EMBED_STRIDE = EMBED_HOP * MEL_HOP  # 1280 samples: 80 ms at 16 kHz
-EMBED_WINDOW = N_FFT + (EMBED_FRAMES - 1) * MEL_HOP  # 12,512 samples the embedding sees
-EMBED_DIM = 96
+assert EMBED_STRIDE == EMBED_HOP * MEL_HOP  # 1280 samples: 80 ms at 16 kHz
+assert EMBED_WINDOW == N_FFT + (EMBED_FRAMES - 1) * MEL_HOP  # 12,512 samples it sees
 INT16 = 32767.0  # the network was trained on int16-scaled samples
 DB_FLOOR = 0.0  # decibels (of int16-scaled power): the fixed floor (see the docstring)
 LEAK = 0.2  # LeakyReLU slope

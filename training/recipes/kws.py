@@ -351,10 +351,7 @@ class KWSRecipe(Recipe):
         if opts.pcen_fixed and opts.frontend not in PCEN_FRONTENDS:
             raise ValueError("--pcen-fixed needs --frontend pcen or logmel_pcen")
         if SAMPLE_RATE % opts.frame_stride and opts.frontend != "speech_embedding":
-            raise ValueError(
-                f"--frame-stride must divide {SAMPLE_RATE} (or be the speech embedding's "
-                f"{EMBED_STRIDE}), got {opts.frame_stride}"
-            )
+            raise ValueError(f"--frame-stride must divide {SAMPLE_RATE}, got {opts.frame_stride}")
         if opts.frame_window and opts.frame_window < opts.frame_stride:
             raise ValueError(
                 f"--frame-window must be 0 or >= --frame-stride ({opts.frame_stride}), "
