@@ -7,7 +7,8 @@ depend on them; the state keeps each band's smoothed energy), or, `--variant log
 with the shipped log-mel features and the PCEN ones side by side (the shipped weights widened by
 `training.widen_frontend`: the same scores, 80 features into the frame map), or, `--variant
 speech_embedding`, with the frozen speech embedding (`dlr_runtime/speech_embedding.py`: 80 ms
-frames, each from a 0.78 s window; the shipped weights but a new frame map, at its initial
+frames, each from a 0.78 s window, streamed from its convolutions' cached rows by
+`speech_embedding_stream.py`; the shipped weights but a new frame map, at its initial
 values: the cost does not depend on them). A 100 ms chunk from a fresh state completes one
 80 ms frame; a live stream averages 1.25 per chunk, so its cost per second is 1.25x the
 chunk's (the table's last column).
@@ -82,6 +83,11 @@ def backends(model_dir: str, kind: str, variant: str) -> dict[str, tuple[Recurre
 def front_end(rec: RecurrentModel, x: torch.Tensor) -> torch.Tensor:
     """The chunk's whole frames through the front end (and PCEN's compression, from zeros)."""
     cfg = rec.config
+    if rec.embed_stream is not None:  # the speech embedding from a fresh stream's cache
+        n = x.shape[1] // cfg.frame_stride
+        frames = x[:, : n * cfg.frame_stride].reshape(x.shape[0], n, cfg.frame_stride)
+        cache = torch.zeros(x.shape[0], rec.spec["embed_cache"][0][0], dtype=x.dtype)
+        return rec.embed_stream(frames, cache)[0]
     feats = rec.encoder.frontend(frames_of(x, cfg.frame_stride, cfg.history))
     if rec.encoder.pcen is None:
         return feats

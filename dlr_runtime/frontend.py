@@ -3,7 +3,8 @@
 A frame is `frame_stride` samples; the front end sees its *window*: `frame_window` samples
 ending with the frame (`DLRConfig.window`; by default the frame alone). A longer window
 overlaps the previous frames, so it needs their last `history` samples, which the framing keeps
-in the state ("frame_hist", `framing.py`); a stream starts with a history of zeros.
+in the state ("frame_hist", `framing.py`); a stream starts with a history of zeros. (The
+speech embedding's recurrent form keeps its convolutions' last rows instead, "embed_cache".)
 
 - ``raw``: the window's samples as they are (the paper's setting: a linear map of raw audio).
 - ``logmel``: a log-mel spectrum of the window: a taper (Tukey(0.5) when the window is the

@@ -33,6 +33,8 @@ from .feature_norm import normalise_chunk, normalise_step
 from .framing import advance_completed, audio_chunk, audio_step, push_sample, take_frames
 from .heads import pool_chunk, pool_step
 from .model import BlockPointwise, DLRModel, Encoder, Head
+from .speech_embedding import SpeechEmbedding
+from .speech_embedding_stream import EmbeddingStream
 from .ssm import RecurrentParams
 from .state_spec import REAL_OF, Spec, State, init_state, state_bytes, state_spec
 
@@ -79,6 +81,9 @@ class RecurrentModel(nn.Module):
         self.encoder = copy.deepcopy(encoder).to(self.rdtype).eval()
         self.blocks = nn.ModuleList(copy.deepcopy(b).to(self.rdtype).eval() for b in blocks)
         self.head = copy.deepcopy(head).to(self.rdtype).eval()
+        fe = self.encoder.frontend if config.encoder == "audio" else None
+        # the speech embedding frame by frame from its cached rows, not from 0.78 s windows
+        self.embed_stream = EmbeddingStream(fe) if isinstance(fe, SpeechEmbedding) else None
         h, n = config.d_model, config.d_state
         log_lam = torch.stack(
             [p.log_lam.detach().to(torch.complex128).expand(h, n) for p in params]
@@ -176,7 +181,14 @@ class RecurrentModel(nn.Module):
         normalisation's state ("feat_sum", "feat_count") and PCEN's ("pcen_sum", "pcen_count") in
         `state` when the model has them."""
         enc = self.encoder
-        feats = enc.frontend(frames)  # (B, [T,] F)
+        if self.embed_stream is not None:  # frames (B, [T,] S), no history: the cache has it
+            many = frames.dim() == 3
+            feats, state["embed_cache"] = self.embed_stream(
+                frames if many else frames.unsqueeze(1), state["embed_cache"]
+            )
+            feats = feats if many else feats.squeeze(1)
+        else:
+            feats = enc.frontend(frames)  # (B, [T,] F)
         if enc.pcen is not None:
             pcen = enc.pcen.step if feats.dim() == 2 else enc.pcen.chunk
             feats, state["pcen_sum"], state["pcen_count"] = pcen(

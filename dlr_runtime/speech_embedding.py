@@ -8,16 +8,19 @@ weights are fixed data, shipped in `assets/speech_embedding.safetensors` (made o
 `training/data/speech_embedding_asset.py`; see `assets/NOTICE.md`), loaded into non-persistent
 buffers, so no checkpoint holds them and no optimiser sees them.
 
-As a front end it is position-wise with no state, like the others (`frontend.py`): a frame of
+As a front end it is position-wise, like the others (`frontend.py`): a frame of
 `EMBED_STRIDE` samples (80 ms, the network's own hop) is encoded from its window of
 `EMBED_WINDOW` samples, the frame and the 0.7 s before it.
 
-Two forms, equal to float rounding (tests/runtime/test_speech_embedding.py):
+Three forms, equal to float rounding (tests/dlr_runtime/test_speech_embedding*.py):
 - ``forward(frames)``: the reference, each window (..., EMBED_WINDOW) on its own;
-- ``from_audio(audio)``: whole streams at once. The convolutions have no padding in time and
-  their pooling divides time by exactly 8 mel frames, which is one frame stride, so running
-  the stack over a stream's whole mel spectrum gives every frame's embedding in one pass,
-  sharing the 9.5 windows' worth of overlap each frame would otherwise recompute.
+- ``from_audio(audio)``: whole streams at once, used offline and in training. The
+  convolutions have no padding in time and their pooling divides time by exactly 8 mel
+  frames, which is one frame stride, so running the stack over a stream's whole mel spectrum
+  gives every frame's embedding in one pass, sharing the 9.5 windows' worth of overlap each
+  frame would otherwise recompute;
+- `speech_embedding_stream.EmbeddingStream`: the recurrent form's, frame by frame from each
+  convolution's last rows kept in the session state (instead of 0.7 s of audio).
 
 One change from openWakeWord's copy: its mel stage floors the decibels at 80 dB under the
 loudest value *of the whole input*, which no causal front end can know; here the floor is a
@@ -84,17 +87,23 @@ class SpeechEmbedding(nn.Module):
         """Mel frames (B, T, 32) -> embeddings (B, (T - EMBED_FRAMES) // EMBED_HOP + 1, 96)."""
         h = mel.unsqueeze(1)  # (B, 1, T, 32): time is the height
         for k in LAYOUT:
-            if k == "t":
-                h = F.max_pool2d(h, (2, 2))
-            elif k == "f":
-                h = F.max_pool2d(h, (1, 2))
-            else:
-                weight = getattr(self, f"{k}_w")
-                pad = (0, 1) if weight.shape[-1] == 3 else (0, 0)  # frequency only, never time
-                h = F.conv2d(h, weight, getattr(self, f"{k}_b"), padding=pad)
-                if k != self.convs[-1]:
-                    h = F.leaky_relu(h, LEAK).clamp_min(CLAMP)
+            h = self.layer(k, h)
         return h.squeeze(-1).transpose(1, 2)  # (B, 96, E, 1) -> (B, E, 96)
+
+    def layer(self, k: str, h: torch.Tensor) -> torch.Tensor:
+        """One entry `k` of LAYOUT on (B, C, T, F) -> (B, C', T', F'): a convolution (no
+        padding in time, so T' = T - height + 1), with its activation unless it is the last,
+        or a max-pool."""
+        if k == "t":
+            return F.max_pool2d(h, (2, 2))
+        if k == "f":
+            return F.max_pool2d(h, (1, 2))
+        weight = getattr(self, f"{k}_w")
+        pad = (0, 1) if weight.shape[-1] == 3 else (0, 0)  # frequency only, never time
+        h = F.conv2d(h, weight, getattr(self, f"{k}_b"), padding=pad)
+        if k != self.convs[-1]:
+            h = F.leaky_relu(h, LEAK).clamp_min(CLAMP)
+        return h
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         """The reference: each window (..., EMBED_WINDOW) on its own -> (..., 96)."""

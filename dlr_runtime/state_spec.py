@@ -7,6 +7,9 @@ A session's recurrent state is a dict of batch-first tensors of fixed shape:
     "frame_fill"  ()          int64                audio: how many of them are filled
     "frame_hist"  (P,)        real of `cdtype`     audio, overlapping windows (P = history > 0):
                                                    the samples before the frame being filled
+    "embed_cache" (K,)        real of `cdtype`     audio, speech-embedding front end instead of
+                                                   "frame_hist": its convolutions' last rows
+                                                   (speech_embedding_stream.py)
     "feat_sum"    (F,)        float64              audio, feature normalisation on: decayed
                                                    sum of front-end features (feature_norm.py)
     "feat_count"  ()          float64              its decayed count of frames
@@ -27,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from .config import DLRConfig
+from .speech_embedding_stream import cache_size
 
 State = dict[str, torch.Tensor]
 Spec = dict[str, tuple[tuple[int, ...], torch.dtype]]
@@ -42,7 +46,9 @@ def state_spec(config: DLRConfig, cdtype: torch.dtype = torch.complex64) -> Spec
     if config.encoder == "audio":
         spec["frame_buf"] = ((config.frame_stride,), REAL_OF[cdtype])
         spec["frame_fill"] = ((), torch.int64)
-        if config.history:
+        if config.frontend == "speech_embedding":
+            spec["embed_cache"] = ((cache_size(),), REAL_OF[cdtype])
+        elif config.history:
             spec["frame_hist"] = ((config.history,), REAL_OF[cdtype])
         if config.has_pcen:
             spec["pcen_sum"] = ((config.n_mels,), torch.float64)

@@ -281,6 +281,6 @@ def check_state(row: dict[str, torch.Tensor], bounds: dict[str, torch.Tensor] | 
             _check_count(row, count, total, cap)
     if "pcen_sum" in row and (row["pcen_sum"] < 0).any():  # sums of energies: never negative
         raise StateOutOfRange("state snapshot tensor 'pcen_sum' holds negative energies")
-    for name in ("frame_buf", "frame_hist"):
+    for name in ("frame_buf", "frame_hist", "embed_cache"):
         if name in row and (row[name].abs() > STATE_ABS_CAP).any():
-            raise StateOutOfRange(f"state snapshot tensor '{name}' holds out-of-range samples")
+            raise StateOutOfRange(f"state snapshot tensor '{name}' holds out-of-range values")

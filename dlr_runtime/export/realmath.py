@@ -44,6 +44,11 @@ FLOAT_OF = {torch.complex64: torch.float32, torch.complex128: torch.float64}
 
 def unexportable(cfg: DLRConfig) -> str | None:
     """Why `cfg`'s network has no exported graph (ONNX or Triton's); None: it has."""
+    if cfg.frontend == "speech_embedding":
+        return (
+            "the speech-embedding front end streams from its convolutions' cached rows, which "
+            "no exported graph carries; serve it with the torch or fused backend"
+        )
     if not cfg.has_pcen:
         return None
     if cfg.feature_norm_s:
