@@ -24,6 +24,7 @@ Equal to the reference to float rounding (tests/dlr_runtime/test_speech_embeddin
 
 from __future__ import annotations
 
+import copy
 from functools import cache
 
 import torch
@@ -82,7 +83,7 @@ class EmbeddingStream(nn.Module):
         super().__init__()
         self.embedding = embedding
         dtype = embedding.mel.dtype
-        ref = SpeechEmbedding().to(torch.float64)
+        ref = copy.deepcopy(embedding).cpu().double()  # (its weights, not the file read again)
         zeros = torch.zeros(1, 2, EMBED_STRIDE, dtype=torch.float64)  # 2: a row at every level
         start = self._run(ref, zeros, None)
         self.register_buffer("start", start[1].to(dtype), persistent=False)  # (1, K)
