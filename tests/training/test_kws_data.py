@@ -619,7 +619,17 @@ def test_p_near_miss_draws_that_share_of_unknown_words_among_the_near_misses(bal
 
 
 @pytest.mark.parametrize(
-    "field", ["p_espeak", "p_morph", "p_near_miss", "p_command", "p_pair", "speed_prob"]
+    "field",
+    [
+        "p_espeak",
+        "p_morph",
+        "p_near_miss",
+        "p_command",
+        "p_pair",
+        "speed_prob",
+        "reverb_prob",
+        "clip_prob",
+    ],
 )
 def test_word_mix_shares_outside_zero_one_are_refused(field):
     from training.config import TrainConfig
@@ -676,6 +686,48 @@ def test_speed_prob_sets_how_often_a_training_word_is_resampled(monkeypatch):
             int(((ds[i].targets != SIL) & (ds[i].targets != IGNORE)).any()) for i in range(100)
         )
         assert (len(calls) == 0) if prob == 0 else (len(calls) > 0.4 * words)
+
+
+def test_reverb_and_clip_prob_set_how_often_a_word_is_reverberated_and_a_window_clipped(
+    monkeypatch,
+):
+    import training.data.rooms as rooms
+    import training.data.sc12 as sc12
+    from training.data.rooms import RoomConfig
+    from training.recipes.kws import KWSOptions, window_config
+
+    assert window_config(KWSOptions(reverb_prob=0.0, clip_prob=0.0)).room == RoomConfig(
+        reverb_prob=0.0, clip_prob=0.0
+    )
+    convolved, peaks = [], []
+    real_conv, real_level = rooms.signal.fftconvolve, sc12.level
+
+    def conv_spy(a, rir):
+        convolved.append(len(a))
+        return real_conv(a, rir)
+
+    def level_spy(x, cfg, rng):
+        y = real_level(x, cfg, rng)
+        peaks.append(float(np.abs(y).max()))
+        return y
+
+    monkeypatch.setattr(rooms.signal, "fftconvolve", conv_spy)
+    monkeypatch.setattr(sc12, "level", level_spy)
+    pool = WordPool.from_voices(_voices())
+    rir = np.zeros(400, np.float32)
+    rir[0], rir[200] = 1.0, 0.5
+    counts = {}
+    for prob in (0.0, 1.0):
+        opts = KWSOptions(reverb_prob=prob, clip_prob=prob)
+        ds = KWSWindows(pool, [rir], window_config(opts), length=60)
+        convolved.clear()
+        peaks.clear()
+        for i in range(60):
+            ds[i]
+        counts[prob] = (len(convolved), sum(p >= 1.0 for p in peaks), len(peaks))
+    assert counts[0.0][:2] == (0, 0)  # never reverberated, never driven to full scale
+    assert counts[1.0][0] > 20  # most windows hold a word, each reverberated
+    assert counts[1.0][1] == counts[1.0][2] > 0  # every window clipped at full scale
 
 
 def test_snr_min_db_sets_the_low_end_of_the_training_windows_snr():

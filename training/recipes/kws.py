@@ -152,6 +152,10 @@ class KWSOptions:
     # by resampling (0.85-1.15: pitch and formants move with it; data/rooms.py)
     snr_min_db: float = 0.0  # low end (dB) of the windows' speech-to-background ratio (to 30)
     # (data/rooms.py RoomConfig.snr_db)
+    reverb_prob: float = RoomConfig.reverb_prob  # share of training words in a simulated room
+    # (an impulse response of data/rooms.py's bank)
+    clip_prob: float = RoomConfig.clip_prob  # share of word windows clipped by 0-10 dB
+    # (data/rooms.py)
     kokoro_extra: bool = False  # eight more Kokoro mixes of the training speakers (train only)
     kokoro_accents: bool = False  # Kokoro training speakers reading other accents (train only)
     more_engines: bool = False  # also MBROLA, RHVoice and SVOX Pico (data/engines.py
@@ -260,7 +264,10 @@ def window_config(opts: KWSOptions) -> WindowConfig:
         p_near_miss=opts.p_near_miss,
         p_pair=opts.p_pair,
         room=RoomConfig(
-            snr_db=(opts.snr_min_db, RoomConfig().snr_db[1]), speed_prob=opts.speed_prob
+            snr_db=(opts.snr_min_db, RoomConfig().snr_db[1]),
+            speed_prob=opts.speed_prob,
+            reverb_prob=opts.reverb_prob,
+            clip_prob=opts.clip_prob,
         ),
     )
 
@@ -379,6 +386,8 @@ class KWSRecipe(Recipe):
             ("--p-command", opts.p_command),
             ("--p-pair", opts.p_pair),
             ("--speed-prob", opts.speed_prob),
+            ("--reverb-prob", opts.reverb_prob),
+            ("--clip-prob", opts.clip_prob),
         ):
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"{flag} must be in [0, 1], got {p}")
