@@ -21,6 +21,7 @@ from training.eval_cli import main as eval_main
 from training.eval_speech import split_streams
 from training.kws_calibrate import main as calibrate_main
 from training.kws_card import main as card_main
+from training.kws_card_refresh import main as refresh_main
 from training.kws_folds import loso_records, route
 from training.recipes.kws import KWSOptions, load_split
 from training.soup import main as soup_main
@@ -236,6 +237,19 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     assert block[3:5] == ["dlr-eval speech runs/x/model --stream-minutes 0   # one", "second line"]
     assert block[5].endswith(f"--notes {notes} --commands {commands}")
     assert load_checkpoint(tmp_path / "card").checkpoint_metadata["detection"] == point
+    # training.kws_card_refresh without the run: the card kws_card writes from the new files
+    notes.write_text("- **What was tried.** Something since.\n")
+    commands.write_text("dlr-eval speech runs/y/model   # new\n")
+    card_main(
+        [str(out), str(tmp_path / "card2"), "--notes", str(notes), "--commands", str(commands)]
+    )
+    assert (
+        refresh_main([str(tmp_path / "card"), "--notes", str(notes), "--commands", str(commands)])
+        == 0
+    )
+    assert (tmp_path / "card" / "MODEL.md").read_text() == (
+        tmp_path / "card2" / "MODEL.md"
+    ).read_text()
 
     # --init-from: a fine-tuning run starts from the trained weights (a ~zero learning rate
     # keeps them), where a fresh run of the same seed does not

@@ -11,6 +11,9 @@ can be traced to the effect that causes it.
     PYTHONPATH=. python training/cards/probes/augment_probe.py \\
         "log-mel (shipped)=models/speech-commands" "embedding=runs/m22_se_cap2/model" \\
         --clips 1200 --out training/cards/augment-probe.json
+
+``--png FILE`` draws the table (one bar per model and effect); with ``--from-json FILE`` it is
+drawn from a saved table without scoring anything again.
 """
 
 from __future__ import annotations
@@ -57,13 +60,51 @@ EFFECTS: dict[str, RoomConfig] = {
 }
 
 
+def plot(results: dict, png: str) -> None:
+    """Command accuracy per effect, one bar per model, the effects top to bottom."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table: dict[str, dict[str, float]] = results["command_accuracy"]
+    effects = list(table)
+    names = list(results["models"])
+    height = 0.8 / len(names)
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(effects) * max(1, len(names) / 2) + 1.2))
+    y = np.arange(len(effects))
+    for i, name in enumerate(names):
+        vals = [100 * table[e][name] for e in effects]
+        ax.barh(y + (i - (len(names) - 1) / 2) * height, vals, height, label=name)
+    ax.set_yticks(y, effects)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel(f"commands right, % ({results['clips']} test-voice clips per effect)")
+    ax.set_title("Command accuracy through one augmentation effect at a time")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=len(names), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("models", nargs="+", help="name=checkpoint directory")
+    ap.add_argument("models", nargs="*", help="name=checkpoint directory")
     ap.add_argument("--clips", type=int, default=1200, help="command clips of the test voices")
     ap.add_argument("--rhvoice-accents", action="store_true")
     ap.add_argument("--out", default=None, help="write the table as JSON here")
+    ap.add_argument("--png", default=None, help="draw the table here")
+    ap.add_argument("--from-json", default=None, help="a saved table instead of the models")
     a = ap.parse_args()
+    if a.from_json:
+        if a.models:
+            ap.error("give models or --from-json, not both")
+        if a.png:
+            plot(json.loads(Path(a.from_json).read_text()), a.png)
+        return
+    if not a.models:
+        ap.error("name at least one model (name=checkpoint directory) or --from-json")
     torch.set_num_threads(1)
     opts = KWSOptions(split="final", more_engines=True, rhvoice_accents=a.rhvoice_accents)
     test = load_split(opts, 0)["test"]
@@ -94,6 +135,8 @@ def main() -> None:
     results["command_accuracy"] = table
     if a.out:
         Path(a.out).write_text(json.dumps(results, indent=1))
+    if a.png:
+        plot(results, a.png)
 
 
 if __name__ == "__main__":
