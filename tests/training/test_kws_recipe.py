@@ -240,16 +240,12 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     # training.kws_card_refresh without the run: the card kws_card writes from the new files
     notes.write_text("- **What was tried.** Something since.\n")
     commands.write_text("dlr-eval speech runs/y/model   # new\n")
-    card_main(
-        [str(out), str(tmp_path / "card2"), "--notes", str(notes), "--commands", str(commands)]
-    )
-    assert (
-        refresh_main([str(tmp_path / "card"), "--notes", str(notes), "--commands", str(commands)])
-        == 0
-    )
-    assert (tmp_path / "card" / "MODEL.md").read_text() == (
-        tmp_path / "card2" / "MODEL.md"
-    ).read_text()
+    card_argv = [str(tmp_path / "card"), "--notes", str(notes), "--commands", str(commands)]
+    assert refresh_main(card_argv) == 0
+    refreshed = (tmp_path / "card" / "MODEL.md").read_text()
+    assert "Something since." in refreshed and "Nothing yet." not in refreshed
+    card_main([str(out), *card_argv])
+    assert refreshed == (tmp_path / "card" / "MODEL.md").read_text()
 
     # --init-from: a fine-tuning run starts from the trained weights (a ~zero learning rate
     # keeps them), where a fresh run of the same seed does not
