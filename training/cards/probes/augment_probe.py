@@ -60,18 +60,19 @@ EFFECTS: dict[str, RoomConfig] = {
 }
 
 
-def plot(results: dict, png: str) -> None:
-    """Command accuracy per effect, one bar per model, the effects top to bottom."""
+def plot_bars(
+    table: dict[str, dict[str, float]], xlabel: str, title: str, png: str, ncol: int = 0
+) -> None:
+    """``table[effect][name]`` (a share) as bars, one per name, the effects top to bottom."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    table: dict[str, dict[str, float]] = results["command_accuracy"]
     effects = list(table)
-    names = list(results["models"])
+    names = list(table[effects[0]])
     height = 0.8 / len(names)
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(effects) * max(1, len(names) / 2) + 1.2))
+    fig, ax = plt.subplots(figsize=(9, 0.18 * len(names) * len(effects) + 2.2))
     y = np.arange(len(effects))
     for i, name in enumerate(names):
         vals = [100 * table[e][name] for e in effects]
@@ -79,13 +80,23 @@ def plot(results: dict, png: str) -> None:
     ax.set_yticks(y, effects)
     ax.invert_yaxis()
     ax.set_xlim(0, 100)
-    ax.set_xlabel(f"commands right, % ({results['clips']} test-voice clips per effect)")
-    ax.set_title("Command accuracy through one augmentation effect at a time")
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=10)
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=len(names), fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=ncol or len(names), fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=120)
     plt.close(fig)
+
+
+def plot(results: dict, png: str) -> None:
+    """Command accuracy per effect, one bar per model."""
+    plot_bars(
+        results["command_accuracy"],
+        f"commands right, % ({results['clips']} test-voice clips per effect)",
+        "Command accuracy through one augmentation effect at a time",
+        png,
+    )
 
 
 def main() -> None:

@@ -33,6 +33,7 @@ import json
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import torch
@@ -55,14 +56,14 @@ SPANS = 4
 TAIL_S = 1.0
 
 
-def _effects() -> dict[str, RoomConfig]:
-    """augment_probe.EFFECTS (the probes folder is not a package)."""
+def _augment_probe() -> ModuleType:
+    """augment_probe.py, for its EFFECTS and plot_bars (the probes folder is not a package)."""
     path = Path(__file__).with_name("augment_probe.py")
     spec = importlib.util.spec_from_file_location("augment_probe", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.EFFECTS
+    return mod
 
 
 def load_pools(cache_dir: Path) -> tuple[WordPool, WordPool]:
@@ -145,35 +146,15 @@ def voice_group(key: str) -> str:
 
 
 def plot(results: dict, png: str) -> None:
-    """Accuracy per effect relative to each front end's own clean accuracy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    table: dict[str, dict[str, float]] = results["accuracy"]
-    effects = list(table)
-    names = list(next(iter(table.values())))
-    height = 0.8 / len(names)
-    fig, ax = plt.subplots(figsize=(9, 0.18 * len(names) * len(effects) + 2.2))
-    y = np.arange(len(effects))
-    for i, name in enumerate(names):
-        vals = [100 * table[e][name] for e in effects]
-        ax.barh(y + (i - (len(names) - 1) / 2) * height, vals, height, label=name)
-    ax.set_yticks(y, effects)
-    ax.invert_yaxis()
-    ax.set_xlim(0, 100)
-    ax.set_xlabel(f"commands right, % ({results['test_clips']} test-voice clips per effect)")
-    ax.set_title(
+    """Accuracy per effect: each front end's linear classifier and each trained model."""
+    _augment_probe().plot_bars(
+        results["accuracy"],
+        f"commands right, % ({results['test_clips']} test-voice clips per effect)",
         "Front ends alone (a linear classifier of the ten commands on their features)\n"
         "and a trained model, one augmentation effect at a time",
-        fontsize=10,
+        png,
+        ncol=2,
     )
-    ax.grid(axis="x", alpha=0.3)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
 
 
 def main() -> None:
@@ -234,7 +215,8 @@ def main() -> None:
     groups = np.array([voice_group(str(v)) for v in test.voices[te]])
     table: dict[str, dict[str, float]] = {}
     per_voice: dict[str, dict[str, dict[str, float]]] = {}
-    for effect, room in _effects().items():
+    effects: dict[str, RoomConfig] = _augment_probe().EFFECTS
+    for effect, room in effects.items():
         audio = clip_windows(test, te, rirs, SEED + 1, augment=True, room=room)
         row, by_voice = {}, {}
         for fe in fronts:
