@@ -21,7 +21,8 @@ Voices: the final split's (`training/data/splits.py`) train and test voices amon
 clean clips are rendered in `--cache-dir` (a partly rendered corpus serves: the JSON lists
 the voices used).
 
-    PYTHONPATH=. python training/cards/probes/frontend_robustness.py \\
+    PYTHONPATH=. python training/cards/probes/frontend_robustness.py --test-clips 5000 \\
+        --model "log-mel model (shipped)=models/speech-commands" \\
         --out training/cards/frontend-robustness.json --png training/cards/frontend-robustness.png
 """
 
@@ -47,7 +48,7 @@ from dlr_runtime.speech_embedding import SpeechEmbedding
 from training.data.corpus import CorpusConfig, _path, all_tts_voices, engines_for, load_voice
 from training.data.labels import SAMPLE_RATE
 from training.data.rooms import RoomConfig, rir_bank
-from training.data.sc12 import SIL, WordPool, clip_windows
+from training.data.sc12 import SIL, UNK, WordPool, clip_windows
 from training.data.splits import check_disjoint, split_voices
 from training.eval_speech import frame_scores
 
@@ -235,6 +236,11 @@ def main() -> None:
                 row[f"{name}, {suffix}"] = float(right.mean())
                 by_voice[f"{name}, {suffix}"] = {
                     g: float(right[groups == g].mean()) for g in sorted(set(groups))
+                }
+            top = last.argmax(-1).numpy()
+            for label, idx in (("_silence_", SIL), ("_unknown_", UNK)):
+                by_voice[f"{name}, called {label}"] = {
+                    g: float((top[groups == g] == idx).mean()) for g in sorted(set(groups))
                 }
         table[effect] = row
         per_voice[effect] = by_voice
