@@ -351,6 +351,11 @@ def _path(cache_dir: Path, cfg: CorpusConfig, voice: TTSVoice) -> Path:
     return cache_dir / f"clean-{voice.engine}-{safe}-{cache_key(cfg, voice)}.npz"
 
 
+def is_rendered(cache_dir: Path, cfg: CorpusConfig, voice: TTSVoice) -> bool:
+    """Whether ``voice``'s clips under ``cfg`` are in ``cache_dir`` (for :func:`load_voice`)."""
+    return _path(cache_dir, cfg, voice).exists()
+
+
 def load_voice(cache_dir: Path, cfg: CorpusConfig, voice: TTSVoice) -> VoiceClips:
     """Read one voice's cached clips (generate them first with :func:`generate`)."""
     with np.load(_path(cache_dir, cfg, voice), allow_pickle=False) as d:
@@ -382,7 +387,7 @@ def generate(
     cache = Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     voices = list(voices) if voices is not None else all_tts_voices(cfg)
-    todo = [v for v in voices if not _path(cache, cfg, v).exists()]
+    todo = [v for v in voices if not is_rendered(cache, cfg, v)]
     if any(v.engine == "kokoro" for v in todo):
         neural_tts.kokoro_model_file(cache)  # assembled once, before the workers fork
     jobs: list[tuple[TTSVoice, int, list[ClipItem]]] = []

@@ -7,8 +7,9 @@ probe takes the network out: for each front end (the shipped model's log-mel, th
 speech embedding, and both side by side) it fits one linear classifier of the ten commands
 on the front end's features alone, from the training voices' command clips under the
 training augmentation, and scores it on held-out voices' command clips through one effect at
-a time (the effects of `augment_probe.py`). A front end whose accuracy falls further under an effect, relative to
-its clean accuracy, loses more of the word's identity to that effect before any training.
+a time (the effects of `augment_probe.py`). A front end whose accuracy falls further under an
+effect, relative to its clean accuracy, loses more of the word's identity to that effect
+before any training.
 ``--model NAME=DIR`` adds a trained model on the same clips, twice: its last frame's argmax
 over all its labels (what the evaluation scores: a command can be rejected as `_unknown_` or
 `_silence_`) and over the ten commands alone (what the linear classifiers answer), so a
@@ -45,7 +46,13 @@ from dlr_runtime.config import EMBED_STRIDE, EMBED_WINDOW
 from dlr_runtime.frontend import make_frontend
 from dlr_runtime.model import frames_of
 from dlr_runtime.speech_embedding import SpeechEmbedding
-from training.data.corpus import CorpusConfig, _path, all_tts_voices, engines_for, load_voice
+from training.data.corpus import (
+    CorpusConfig,
+    all_tts_voices,
+    engines_for,
+    is_rendered,
+    load_voice,
+)
 from training.data.labels import SAMPLE_RATE
 from training.data.rooms import RoomConfig, rir_bank
 from training.data.sc12 import SIL, UNK, WordPool, clip_windows
@@ -70,7 +77,7 @@ def _augment_probe() -> ModuleType:
 def load_pools(cache_dir: Path) -> tuple[WordPool, WordPool]:
     """(train, test) pools of the final split's voices whose clean clips are rendered."""
     cfg = CorpusConfig(engines=engines_for(True), rhvoice_accents=True)
-    voices = [v for v in all_tts_voices(cfg) if _path(cache_dir, cfg, v).exists()]
+    voices = [v for v in all_tts_voices(cfg) if is_rendered(cache_dir, cfg, v)]
     split = split_voices(voices, "final")
     check_disjoint(split)
     return tuple(  # type: ignore[return-value]
@@ -105,15 +112,14 @@ class Features:
 _POOLS = (lambda p: p.mean(1), lambda p: p.amax(1))
 
 
-class Fused:
-    """Two front ends' pooled vectors side by side (what a network fed both would see)."""
+BOTH = "both, side by side"  # the two front ends' pooled vectors concatenated
 
-    def __init__(self, name: str, parts: list[Features]) -> None:
-        self.name = name
-        self.parts = parts
 
-    def __call__(self, audio: torch.Tensor) -> torch.Tensor:
-        return torch.cat([fe(audio) for fe in self.parts], dim=-1)
+def pooled(fronts: list[Features], audio: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each front end's pooled vectors of ``audio``, and both side by side (each computed once)."""
+    out = {fe.name: fe(audio) for fe in fronts}
+    out[BOTH] = torch.cat(list(out.values()), dim=-1)
+    return out
 
 
 def fit(x: torch.Tensor, y: torch.Tensor, l2: float = 1e-3) -> torch.Tensor:
@@ -197,18 +203,17 @@ def main() -> None:
     )
     logmel = Features("log-mel (the shipped front end)", logmel_cfg)
     embed = Features("speech embedding (frozen)", embed_cfg)
-    fronts: list[Features | Fused] = [logmel, embed, Fused("both, side by side", [logmel, embed])]
+    fronts = [logmel, embed]
     y_tr = torch.from_numpy(train.labels[tr])
     y_te = torch.from_numpy(test.labels[te])
     x_train = clip_windows(train, tr, rirs, SEED, augment=True)  # the training augmentation
     weights, stats = {}, {}
-    for fe in fronts:
-        f = fe(x_train)
+    for name, f in pooled(fronts, x_train).items():
         mu, sd = f.mean(0), f.std(0).clamp_min(1e-6)
-        stats[fe.name] = (mu, sd)
-        weights[fe.name] = fit((f - mu) / sd, y_tr)
-        acc = accuracy(weights[fe.name], (f - mu) / sd, y_tr)
-        print(f"{fe.name}: {f.shape[1]} features, training accuracy {100 * acc:.1f} %", flush=True)
+        stats[name] = (mu, sd)
+        weights[name] = fit((f - mu) / sd, y_tr)
+        acc = accuracy(weights[name], (f - mu) / sd, y_tr)
+        print(f"{name}: {f.shape[1]} features, training accuracy {100 * acc:.1f} %", flush=True)
     models = {}
     for spec in a.model:
         name, path = spec.split("=", 1)
@@ -220,11 +225,11 @@ def main() -> None:
     for effect, room in effects.items():
         audio = clip_windows(test, te, rirs, SEED + 1, augment=True, room=room)
         row, by_voice = {}, {}
-        for fe in fronts:
-            mu, sd = stats[fe.name]
-            right = (predict(weights[fe.name], (fe(audio) - mu) / sd) == y_te).numpy()
-            row[fe.name] = float(right.mean())
-            by_voice[fe.name] = {g: float(right[groups == g].mean()) for g in sorted(set(groups))}
+        for name, f in pooled(fronts, audio).items():
+            mu, sd = stats[name]
+            right = (predict(weights[name], (f - mu) / sd) == y_te).numpy()
+            row[name] = float(right.mean())
+            by_voice[name] = {g: float(right[groups == g].mean()) for g in sorted(set(groups))}
         for name, model in models.items():
             with torch.no_grad():
                 last = frame_scores(model, audio)[:, -1]  # (N, labels)
@@ -251,7 +256,7 @@ def main() -> None:
         "test_clips": len(te),
         "train_voices": sorted(set(train.voices)),
         "test_voices": sorted(set(test.voices)),
-        "frontends": [fe.name for fe in fronts],
+        "frontends": [*(fe.name for fe in fronts), BOTH],
         "models": dict(spec.split("=", 1) for spec in a.model),
         "accuracy": table,
         "accuracy_per_voice": per_voice,
