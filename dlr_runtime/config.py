@@ -53,6 +53,7 @@ _LATER: dict[str, Any] = {
     "frame_window": 0,
     "feature_norm_s": 0.0,
     "min_decay": 0.0,
+    "unknown_classes": 0,
 }  # field -> "not used" value
 
 
@@ -90,6 +91,8 @@ class DLRConfig:
     pool_window_s: float = 0.0  # classifier: 0 = running mean; > 0 = exp. window (s), heads.py
     feature_norm_s: float = 0.0  # audio: subtract the causal exp. mean (time constant, s) of
     # each front-end feature before the frame map; 0 = off (feature_norm.py)
+    unknown_classes: int = 0  # classifier: the last label is the union of this many classes,
+    # each with its own row of the projection (unknown_head.py); 0 = one row, as every label
 
     def __post_init__(self) -> None:
         self.validate()
@@ -129,6 +132,12 @@ class DLRConfig:
             raise ValueError("DLRConfig.labels needs at least two class names for a classifier")
         if self.encoder == "audio" and self.decoder != "classifier":
             raise ValueError("DLRConfig: the audio encoder goes with the classifier decoder")
+        if not isinstance(self.unknown_classes, int) or self.unknown_classes < 0:
+            raise ValueError(
+                f"DLRConfig.unknown_classes must be an integer >= 0, got {self.unknown_classes!r}"
+            )
+        if self.unknown_classes and self.decoder != "classifier":
+            raise ValueError("DLRConfig.unknown_classes applies to the classifier decoder only")
         if self.pool_window_s < 0:
             raise ValueError(f"DLRConfig.pool_window_s must be >= 0, got {self.pool_window_s}")
         if self.feature_norm_s < 0:

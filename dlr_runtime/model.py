@@ -28,6 +28,7 @@ from .heads import pool_decay, pooled
 from .pcen import PCEN, pcen_decay
 from .speech_embedding import SpeechEmbedding
 from .ssm import DiagonalSSM, make_layer
+from .unknown_head import UnionLinear
 
 
 def make_norm(cfg: DLRConfig) -> nn.Module:
@@ -133,7 +134,11 @@ class Head(nn.Module):
         super().__init__()
         self.kind = cfg.decoder
         self.norm = make_norm(cfg) if cfg.prenorm else nn.Identity()
-        self.proj = nn.Linear(cfg.d_model, cfg.out_dim)
+        self.proj = (
+            UnionLinear(cfg.d_model, cfg.n_classes, cfg.unknown_classes)
+            if cfg.unknown_classes
+            else nn.Linear(cfg.d_model, cfg.out_dim)
+        )  # (H -> out_dim; the last label a union of classes: unknown_head.py)
         self.decay = pool_decay(cfg) if cfg.decoder == "classifier" else 1.0
 
     def features(self, h: torch.Tensor) -> torch.Tensor:

@@ -92,5 +92,19 @@ def reference_forward(
         if cfg.decoder == "classifier":
             mean_sum, count = decay * mean_sum + f, decay * count + 1.0
             f = mean_sum / count
-        outs.append(m.head.proj(f))
+        outs.append(_project(m.head.proj, f, cfg.unknown_classes))
     return torch.stack(outs, dim=1)
+
+
+def _project(proj: torch.nn.Linear, f: torch.Tensor, union: int) -> torch.Tensor:
+    """Features (B, H) -> scores (B, C); with a union head, the last label's score is the log
+    of the summed exponentials of its classes' logits, as a loop (unknown_head.py)."""
+    logits = f @ proj.weight.T + proj.bias  # (B, C - 1 + union), or (B, C)
+    if not union:
+        return logits
+    first = logits.shape[-1] - union
+    top = logits[:, first:].max(-1).values  # (B,) the sum is taken around its largest term
+    total = torch.zeros_like(top)
+    for k in range(union):
+        total = total + torch.exp(logits[:, first + k] - top)
+    return torch.cat([logits[:, :first], (top + torch.log(total)).unsqueeze(-1)], dim=-1)

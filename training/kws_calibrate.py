@@ -110,9 +110,10 @@ def plot_sweep(points: Sequence[ValidPoint], chosen: ValidPoint, target: float, 
 
 
 def with_unknown_bias(model: DLRModel, bias: float) -> DLRModel:
-    """`model` with `bias` added to its `_unknown_` logit (in place; returned)."""
+    """`model` with `bias` added to its `_unknown_` logit (in place; returned): to every class of
+    a union head (dlr_runtime/unknown_head.py), which adds it to their logsumexp."""
     with torch.no_grad():
-        model.head.proj.bias[UNK] += bias
+        model.head.proj.bias[UNK:] += bias  # (UNK is the last label: its row, or its classes)
     return model
 
 

@@ -221,7 +221,14 @@ class Trainer:
         else:
             if cfg.init_from:  # fine-tuning: weights only, a fresh optimiser and schedule
                 src = Path(cfg.init_from) / "model.safetensors"
-                model.load_state_dict(load_file(src, device=str(device)))
+                try:
+                    model.load_state_dict(load_file(src, device=str(device)))
+                except RuntimeError as e:  # missing, unexpected or differently shaped weights
+                    first = str(e).splitlines()[1:2] or [str(e)]
+                    raise ValueError(
+                        f"--init-from {cfg.init_from} does not fit this run's model: "
+                        f"{first[0].strip()}"
+                    ) from e
                 if ctx.is_main:
                     print(f"initialised from {src}")
             if ctx.is_main:

@@ -97,7 +97,11 @@ def test_offline_chunk_step_agree_float64(frontend, window, frame_window, norm):
 @pytest.mark.parametrize("frame_window", [0, 640])
 @pytest.mark.parametrize("norm", [0.0, 0.5], ids=["", "feature-norm"])
 def test_offline_chunk_step_agree_float32(frontend, frame_window, norm):
-    cfg = config(frontend, 0.02, stride=320, frame_window=frame_window, norm=norm)
+    check_float32(config(frontend, 0.02, stride=320, frame_window=frame_window, norm=norm))
+
+
+def check_float32(cfg: DLRConfig) -> None:
+    """Float32 / complex64: chunks and steps of 20 ms frames against offline, to F32_TOL."""
     model = DLRModel(cfg, seed=1).eval()
     rec = to_recurrent(model, dtype=torch.complex64)
     x = audio(2, 320 * 50, seed=1, dtype=torch.float32)

@@ -1,5 +1,5 @@
 """The log-mel front end, the exponential-window head, the feature normalisation and the PCEN
-front end (per-band parameters drawn at random) through ONNX
+front end (per-band parameters drawn at random) and the union head (unknown_head.py) through ONNX
 export and ONNX Runtime, against the torch recurrent form (float32 graphs: 1e-4, as in
 test_onnx_backend.py; float64 graphs: 1e-7, their GELU's erf runs in float32, realmath.py)."""
 
@@ -27,6 +27,7 @@ CFG = DLRConfig(
 NORM = replace(CFG, feature_norm_s=0.05)
 PCEN = replace(CFG, frontend="pcen")
 BOTH = replace(CFG, frontend="logmel_pcen")
+UNION = replace(CFG, unknown_classes=5)  # the last label the union of five classes
 
 
 @pytest.mark.slow
@@ -40,8 +41,20 @@ BOTH = replace(CFG, frontend="logmel_pcen")
         (PCEN, torch.complex128, 1e-7),
         (BOTH, torch.complex64, TOL),
         (BOTH, torch.complex128, 1e-7),
+        (UNION, torch.complex64, TOL),
+        (UNION, torch.complex128, 1e-7),
     ],
-    ids=["window", "feature-norm", "feature-norm-f64", "pcen", "pcen-f64", "both", "both-f64"],
+    ids=[
+        "window",
+        "feature-norm",
+        "feature-norm-f64",
+        "pcen",
+        "pcen-f64",
+        "both",
+        "both-f64",
+        "union",
+        "union-f64",
+    ],  # fmt: skip
 )
 def test_chunks_and_steps_match_torch(tmp_path, cfg, cdtype, tol):
     model = DLRModel(cfg, seed=3)

@@ -44,11 +44,12 @@ def test_the_sweep_is_plotted(tmp_path) -> None:
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_the_calibrated_classifier_streams_exactly() -> None:
+@pytest.mark.parametrize("union", [0, 5], ids=["one-row", "union-head"])
+def test_the_calibrated_classifier_streams_exactly(union: int) -> None:
     cfg = DLRConfig(
         d_model=16, d_state=8, n_layers=2, encoder="audio", decoder="classifier",
         labels=list(SC12_LABELS), frame_stride=160, frontend="logmel", n_mels=16,
-        pool_window_s=0.3, sample_rate=16000,
+        pool_window_s=0.3, sample_rate=16000, unknown_classes=union,
     )  # fmt: skip
     model = DLRModel(cfg, seed=0).double().eval()
     x = torch.randn(2, 4000, dtype=torch.float64) * 0.1

@@ -455,6 +455,29 @@ def test_windows_are_deterministic_and_targets_follow_words():
     assert seen & set(range(10))
 
 
+def test_windows_name_each_unknown_words_class_where_the_targets_say_unknown():
+    pool = _pool()
+    unk = np.flatnonzero(pool.labels == UNK)
+    vocab = ("cat", "dog", "dawn")
+    pool.words = pool.words.astype(object)
+    pool.words[unk] = [vocab[k % 3] for k in range(len(unk))]
+    plain = KWSWindows(pool, [], WindowConfig(), seed=3, length=64)
+    ds = KWSWindows(pool, [], WindowConfig(), seed=3, length=64, unknown_vocab=vocab)
+    seen = set()
+    for i in range(64):
+        item, same = ds[i], plain[i]
+        assert torch.equal(item.audio, same.audio) and torch.equal(item.targets, same.targets)
+        assert torch.equal(same.classes, same.targets)  # no vocabulary: the targets themselves
+        is_unk = item.targets == UNK
+        assert torch.equal(item.classes[~is_unk], item.targets[~is_unk])
+        assert bool((item.classes[is_unk] >= UNK).all())
+        assert bool((item.classes[is_unk] < UNK + len(vocab)).all())
+        seen |= set(item.classes[is_unk].tolist())
+    assert seen == {UNK, UNK + 1, UNK + 2}
+    with pytest.raises(ValueError, match="not in the unknown vocabulary: cat"):
+        KWSWindows(pool, [], WindowConfig(), seed=3, length=4, unknown_vocab=("dog", "dawn"))
+
+
 def test_clip_windows_place_the_word_near_the_end():
     pool = _pool()
     audio = clip_windows(pool, [0, 3, 12], [], seed=0, augment=False)

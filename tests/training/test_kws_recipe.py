@@ -16,7 +16,7 @@ from dlr_runtime.pcen import INIT_ALPHA, INIT_DELTA, INIT_R
 from training.cli import main
 from training.data.rooms import rir_bank
 from training.data.sc12 import SIL, UNK
-from training.data.vocab import SC12_LABELS
+from training.data.vocab import SC12_LABELS, unknown_words
 from training.eval_cli import main as eval_main
 from training.eval_speech import split_streams
 from training.kws_calibrate import main as calibrate_main
@@ -25,6 +25,7 @@ from training.kws_card_refresh import main as refresh_main
 from training.kws_folds import loso_records, route
 from training.recipes.kws import KWSOptions, load_split
 from training.soup import main as soup_main
+from training.split_unknown import main as split_main
 from training.widen_frontend import main as widen_main
 
 from .conftest import QUIET, TINY_MODEL
@@ -190,6 +191,31 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     assert summary["phoneme_loss"]["block"] == 2  # the last of TINY_MODEL's two blocks
     assert summary["phoneme_loss"]["final"] > 0 and summary["valid"]["phoneme_loss"] > 0
     assert set(load_checkpoint(pho / "model").state_dict()) == plain_keys
+    # each unknown word its own class, _unknown_ their union: fine-tuned from the model split
+    # to it (the start scores as the model did), then scored by the evaluation as any model
+    union = tmp_path / "kws-union"
+    assert split_main([str(out / "model"), "--out", str(union), "--classes", "24"]) == 0
+    with torch.no_grad():
+        assert torch.allclose(
+            load_checkpoint(union)(x), load_checkpoint(out / "model")(x), atol=1e-5
+        )
+    un = tmp_path / "kws-unknown-classes"
+    argv_un = [a if a != str(out) else str(un) for a in argv]
+    assert main([*argv_un, "--steps", "2", "--unknown-classes", "--init-from", str(union)]) == 0
+    summary = json.loads((un / "summary.json").read_text())
+    assert summary["unknown_classes"] == list(unknown_words()[:24])
+    for form in ("complex64", "complex128"):
+        assert summary["streaming"][form]["final_prediction_agreement"] == 1.0
+    tuned = load_checkpoint(un / "model")
+    assert tuned.config.unknown_classes == 24 and tuned.head.proj.weight.shape[0] == 11 + 24
+    assert not torch.equal(tuned.head.proj.bias[11:], load_checkpoint(union).head.proj.bias[11:])
+    assert quick_eval(un / "model", tmp_path / "cache", 16, 4) == 0
+    assert main([*argv_un, "--steps", "1", "--unknown-classes"]) == 0  # from scratch too
+    assert (
+        main([*argv_un, "--steps", "1", "--unknown-classes", "--init-from", str(out / "model")])
+        == 2
+    )  # fmt: skip  (the plain head: split it first)
+    capsys.readouterr()
     # one threshold per command: chosen on valid, compared with the shared one on test
     per = tmp_path / "per-command"
     rc = eval_main(

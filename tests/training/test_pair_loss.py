@@ -188,6 +188,7 @@ def test_the_recipe_adds_the_weighted_pair_loss_and_refuses_it_without_pairs():
         torch.zeros(3, MAX_PHONES, dtype=torch.long),
         torch.full((3,), -1),
         pair_cmd,
+        targets,
     )
     base, _ = plain.loss(model, batch, torch.device("cpu"))
     both, _ = paired.loss(model, batch, torch.device("cpu"))

@@ -202,6 +202,7 @@ def test_the_recipe_adds_the_weighted_peak_loss_to_the_frame_loss() -> None:
         no_phones,
         torch.full((2,), -1),
         torch.full((2,), -1),
+        targets,
     )
     base, n = plain.loss(model, batch, torch.device("cpu"))
     both, _ = peaked.loss(model, batch, torch.device("cpu"))

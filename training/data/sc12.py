@@ -200,6 +200,10 @@ class KWSItem(NamedTuple):
     # the window's edge, or no phoneme table)
     pair_cmd: int  # a minimal-pair window's command label (its near miss is the `_unknown_`
     # word); -1: not a pair window
+    classes: torch.Tensor  # (L // stride,) int64: `targets`, except that an unknown word's
+    # frames hold its class among the dataset's unknown classes (UNK + its index in
+    # `unknown_vocab`, for a head whose `_unknown_` is a union: dlr_runtime/unknown_head.py);
+    # equal to `targets` when the dataset has no unknown vocabulary
 
 
 class KWSWindows(Dataset):
@@ -213,9 +217,23 @@ class KWSWindows(Dataset):
         seed: int = 0,
         length: int = 20000,
         phonemes: PhonemeTable | None = None,
+        unknown_vocab: Sequence[str] | None = None,
     ) -> None:
         self.pool, self.rirs, self.cfg, self.seed, self.length = pool, rirs, cfg, seed, length
         self.phonemes = phonemes  # phoneme targets of the auxiliary loss; None: none
+        # each clip's unknown class (its word's index in unknown_vocab; -1: a command, or no
+        # vocabulary), for KWSItem.classes
+        self.unknown_class = np.full(len(pool), -1, np.int64)
+        if unknown_vocab is not None:
+            index = {w: k for k, w in enumerate(unknown_vocab)}
+            unk = np.flatnonzero(pool.labels == UNK)
+            missing = sorted({str(w) for w in pool.words[unk]} - set(index))
+            if missing:
+                raise ValueError(
+                    f"unknown words not in the unknown vocabulary: {', '.join(missing[:5])}"
+                    + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+                )
+            self.unknown_class[unk] = [index[str(w)] for w in pool.words[unk]]
         self.epoch = 0
         esp, morph = pool.engines == "espeak", pool.morphed
         near = np.isin(pool.words, NEAR_MISS_WORDS) & (pool.labels == UNK)
@@ -324,6 +342,7 @@ class KWSWindows(Dataset):
         n_frames = n // cfg.stride
         x = np.zeros(n, np.float32)
         targets = np.full(n_frames, SIL, np.int64)
+        classes = np.full(n_frames, SIL, np.int64)
         domains = np.full(n_frames, IGNORE, np.int64)
         words = np.full(n_frames, IGNORE, np.int64)
         frame_end = (np.arange(n_frames) + 1) * cfg.stride  # sample time of each output
@@ -364,10 +383,12 @@ class KWSWindows(Dataset):
                 power += float(np.mean(seg.astype(np.float64) ** 2))
                 count += 1
             hold_end = end + int(cfg.hold_s * sr)
-            targets[(frame_end > pos) & (frame_end <= end + int(cfg.settle_s * sr))] = IGNORE
-            targets[(frame_end > end + int(cfg.settle_s * sr)) & (frame_end <= hold_end)] = label
+            settle = (frame_end > pos) & (frame_end <= end + int(cfg.settle_s * sr))
+            hold = (frame_end > end + int(cfg.settle_s * sr)) & (frame_end <= hold_end)
             fade = (frame_end > hold_end) & (frame_end <= hold_end + int(cfg.fade_s * sr))
-            targets[fade] = IGNORE
+            targets[settle], targets[hold], targets[fade] = IGNORE, label, IGNORE
+            cls = UNK + int(self.unknown_class[i]) if self.unknown_class[i] >= 0 else label
+            classes[settle], classes[hold], classes[fade] = IGNORE, cls, IGNORE
             span = (frame_end > pos) & (frame_end <= hold_end)
             domains[span], words[span] = self.clip_domain[i], label
             pos = end + int(rng.uniform(0.15, 0.8) * sr)
@@ -393,6 +414,7 @@ class KWSWindows(Dataset):
             padded,
             len(phones) if whole else -1,
             pair_cmd,
+            torch.from_numpy(classes),
         )
 
 

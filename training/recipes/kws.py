@@ -178,6 +178,9 @@ class KWSOptions:
     phoneme_loss_block: int = 0  # the block whose output the phoneme head reads (1 = the first;
     # 0 = the last, the features the classifier pools)
     select: str = "accuracy"  # the valid metric that keeps model/: accuracy | command_accuracy
+    unknown_classes: bool = False  # the head scores each unknown word of the corpus (and of
+    # --extra-near-misses) as its own class and `_unknown_` as their union
+    # (dlr_runtime/unknown_head.py); the cross-entropy is over those classes
 
 
 def corpus_config(opts: KWSOptions, seed: int) -> CorpusConfig:
@@ -232,6 +235,15 @@ def load_split(opts: KWSOptions, seed: int) -> dict[str, WordPool]:
                 coded += [codecs.coded_voice(opts.cache_dir, xcfg, extra[v.key]) for v in vs]
         pools[name] = WordPool.from_voices(clean, coded)
     return pools
+
+
+def unknown_vocab(opts: KWSOptions, seed: int) -> tuple[str, ...]:
+    """The unknown words of a run's training voices, in a fixed order: the corpus's, then
+    --extra-near-misses' (the classes of --unknown-classes)."""
+    words = corpus_config(opts, seed).unknown
+    if opts.extra_near_misses:
+        words += tuple(w for w in extra_words()[: 24 if opts.tiny_corpus else None])
+    return tuple(words)
 
 
 #: Share of training windows with a word (data/sc12.py): ``--p-command`` moves words between
@@ -444,6 +456,8 @@ class KWSRecipe(Recipe):
         self.batch_size, self.seed = train.batch_size, train.seed
         self.num_workers = train.num_workers
         self.warp: WarpedFrontend | None = None
+        # the head's unknown classes (--unknown-classes); empty: one _unknown_ class
+        self.unknown_vocab = unknown_vocab(opts, train.seed) if opts.unknown_classes else ()
 
     def describe(self) -> dict[str, Any]:
         return {"kws": asdict(self.opts), "model": self.model_opts.to_dict()}
@@ -459,6 +473,7 @@ class KWSRecipe(Recipe):
             self.seed,
             o.epoch_windows,
             phonemes=self.phoneme_table,
+            unknown_vocab=self.unknown_vocab or None,
         )
         self.sampler = ShardedSampler(len(self.train_set), self.seed, ctx.rank, ctx.world_size)
         valid = self.pools["valid"]
@@ -491,6 +506,7 @@ class KWSRecipe(Recipe):
             n_mels=o.n_mels,
             pool_window_s=o.pool_window_s,
             feature_norm_s=o.feature_norm_s,
+            unknown_classes=len(self.unknown_vocab),
         )
         model = DLRModel(cfg, seed=self.seed)
         if o.pcen_fixed:  # out of the optimiser (optim.param_groups), so also of weight decay
@@ -529,6 +545,7 @@ class KWSRecipe(Recipe):
         feats_out: torch.Tensor | None = None  # what the classifier scores (B, F, H)
         spelled: torch.Tensor | None = None  # the output the phoneme head reads (B, F, H)
         explicit = self.warp is not None or self.specaug.active or self.invariance.active
+        explicit = explicit or bool(self.unknown_vocab)
         if explicit or self.phoneme_head is not None:
             cfg = model.config
             frames = frames_of(audio, cfg.frame_stride, cfg.history)  # (B, F, W)
@@ -543,9 +560,13 @@ class KWSRecipe(Recipe):
         else:
             logits = model(audio)  # (B, F, C)
         n = min(logits.shape[1], targets.shape[1])
+        scored, wanted = logits, targets  # what the cross-entropy compares
+        if self.unknown_vocab and feats_out is not None:  # every unknown word its own class
+            scored = model.head.proj.fine(feats_out)  # (B, F, C - 1 + K)
+            wanted = item.classes.to(device)
         loss = F.cross_entropy(
-            logits[:, :n].reshape(-1, logits.shape[-1]).float(),
-            targets[:, :n].reshape(-1),
+            scored[:, :n].reshape(-1, scored.shape[-1]).float(),
+            wanted[:, :n].reshape(-1),
             ignore_index=IGNORE,
             label_smoothing=self.opts.label_smoothing,
         )
@@ -659,6 +680,8 @@ class KWSRecipe(Recipe):
                 **asdict(self.pair),
                 "gap": last["pair_gap"],
             }
+        if self.unknown_vocab:
+            results["unknown_classes"] = list(self.unknown_vocab)
         results["sizes"] = {
             k: {
                 "clips": len(p),

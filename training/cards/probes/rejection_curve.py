@@ -19,6 +19,10 @@ split and kind; the table prints the commands found at a few shares of unknown w
         [--splits valid test] [--max-clips 8000] [--png training/cards/rejection-curves.png] \\
         [--no-rhvoice-accents]
 
+A model whose `_unknown_` is a union of classes (`--unknown-classes`) may be named twice, as
+``NAME=DIR`` (the union's probability, what it computes) and ``NAME=DIR@max`` (its most likely
+class alone).
+
 The split has RHVoice's voices of other languages (the shipped recipe's) unless
 ``--no-rhvoice-accents``: then its test voices are the card's (`dlr-eval speech` without
 ``--rhvoice-accents``), without the sixteen accented test-only voices.
@@ -32,6 +36,7 @@ import numpy as np
 import torch
 
 from dlr_runtime import load_checkpoint
+from dlr_runtime.unknown_head import RULES, UnionLinear
 from training.data.rooms import rir_bank
 from training.data.sc12 import clip_windows
 from training.eval_speech import (
@@ -74,7 +79,12 @@ def main() -> None:
     curves: dict[str, dict[str, list[dict[str, float]]]] = {}
     for spec in a.models:
         label, path = spec.split("=", 1)
+        path, _, rule = path.partition("@")
         model = load_checkpoint(path).eval()
+        if rule:  # a union head scored by another rule (dlr_runtime/unknown_head.py)
+            if not isinstance(model.head.proj, UnionLinear) or rule not in RULES:
+                raise SystemExit(f"{spec}: @{rule} needs a union head and one of {RULES}")
+            model.head.proj.rule = rule
         curves[label] = {}
         for key, (audio, labels) in windows.items():
             curves[label][key] = rejection_sweep(frame_scores(model, audio)[:, -1], labels)
