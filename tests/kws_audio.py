@@ -24,18 +24,21 @@ LABELS += ["_silence_", "_unknown_"]
 DETECTION = {"threshold": 0.3, "smooth_ms": 50.0, "refractory_ms": 300.0}
 
 
-def write_kws_model(root, frame_window: int = 0, frontend: str = "logmel") -> None:
+def write_kws_model(
+    root, frame_window: int = 0, frontend: str = "logmel", unknown_classes: int = 0
+) -> None:
     """The tiny model as `root / NAME`; `frame_window` 320: overlapping 20 ms log-mel windows
     every 10 ms frame (the state keeps the samples before each frame); `frontend`
     "speech_embedding": the frozen speech embedding instead, with its own framing (80 ms frames,
-    0.78 s windows)."""
+    0.78 s windows); `unknown_classes`: the last label the union of that many classes
+    (dlr_runtime/unknown_head.py)."""
     framing = {"frame_stride": 160, "frame_window": frame_window}
     if frontend == "speech_embedding":
         framing = {"frame_stride": EMBED_STRIDE, "frame_window": EMBED_WINDOW}
     cfg = DLRConfig(
         d_model=16, d_state=8, n_layers=2, encoder="audio", decoder="classifier",
         labels=LABELS, frontend=frontend, n_mels=16, pool_window_s=0.5,
-        dt_min=0.01, dt_max=0.5, sample_rate=RATE, **framing,
+        dt_min=0.01, dt_max=0.5, sample_rate=RATE, unknown_classes=unknown_classes, **framing,
     )  # fmt: skip
     torch.manual_seed(0)
     m = DLRModel(cfg, seed=5)

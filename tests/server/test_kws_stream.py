@@ -150,24 +150,33 @@ def test_overlapping_windows_stream_exactly(tmp_path_factory):
         assert [m["seq"] for m in seen] == list(range(1, len(seen) + 1))
 
 
-def test_speech_embedding_model_streams_exactly(tmp_path_factory):
+@pytest.mark.parametrize(
+    "variant",
+    [{"frontend": "speech_embedding"}, {"unknown_classes": 9}],
+    ids=["embedding", "union"],
+)
+def test_other_model_kinds_stream_exactly(tmp_path_factory, variant):
     """A model with the frozen speech-embedding front end (80 ms frames, each from its 0.78 s
-    window, kept as history in the state): ungated, the server's detections equal the model's
-    offline forward through the same rule, for chunks that do not align with its frames."""
-    root = tmp_path_factory.mktemp("kws-embedding")
-    write_kws_model(root, frontend="speech_embedding")
+    window, kept as history in the state), and one whose `_unknown_` is the union of nine
+    classes: ungated, the server's detections equal the model's offline forward through the
+    same rule, for chunks that do not align with its frames."""
+    root = tmp_path_factory.mktemp("kws-variant")
+    write_kws_model(root, **variant)
+    frame_ms = 80.0 if "frontend" in variant else 10.0
     x = words()
     data = s16(x)
     x16 = torch.from_numpy((np.clip(x, -1, 1) * 32767).astype("<i2").astype(np.float32) / 32768)
     model = load_checkpoint(root / NAME).eval()
     with torch.no_grad():
         scores = model(x16[None])[0].double().numpy()  # (frames, C), the whole-stream pass
-    spotter = KeywordSpotter(LABELS, 80.0, KWSConfig.from_dict(DETECTION))
+    spotter = KeywordSpotter(LABELS, frame_ms, KWSConfig.from_dict(DETECTION))
     ungated = [(d.label, d.end_ms, d.score) for d in spotter.run(scores)]
     assert ungated, "the test model should fire"
     with LiveServer(make_settings(root)) as s:
         (info,) = httpx.get(s.http + "/v1/models", timeout=10).json()["data"]
-        assert (info["frame_stride"], info["frame_window"]) == (1280, 12512)
+        assert info["labels"] == LABELS
+        if "frontend" in variant:
+            assert (info["frame_stride"], info["frame_window"]) == (1280, 12512)
         for ms in (20, 1000):
             seen, final = asyncio.run(stream(s.ws, data, 32 * ms + 6, vad=False))
             assert final["type"] == "final", final
