@@ -152,7 +152,11 @@ def test_session_limits_are_per_model_with_a_separate_server_wide_cap(models_dir
 
 
 def test_metrics_exposed(client):
-    client.post("/v1/generate", json={"prompt": "hello", "max_new_tokens": 3})
+    # greedy, so the count is fixed (an unseeded sample ends early when it draws the end token)
+    out = client.post(
+        "/v1/generate", json={"prompt": "hello", "max_new_tokens": 3, "temperature": 0}
+    )
+    assert out.json()["usage"]["completion_tokens"] == 3
     text = client.get("/metrics").text
     for name in (
         "dlr_active_sessions",
