@@ -240,10 +240,10 @@ def load_split(opts: KWSOptions, seed: int) -> dict[str, WordPool]:
 def unknown_vocab(opts: KWSOptions, seed: int) -> tuple[str, ...]:
     """The unknown words of a run's training voices, in a fixed order: the corpus's, then
     --extra-near-misses' (the classes of --unknown-classes)."""
-    words = corpus_config(opts, seed).unknown
+    words = tuple(corpus_config(opts, seed).unknown)
     if opts.extra_near_misses:
-        words += tuple(w for w in extra_words()[: 24 if opts.tiny_corpus else None])
-    return tuple(words)
+        words += tuple(extra_words()[: 24 if opts.tiny_corpus else None])
+    return words
 
 
 #: Share of training windows with a word (data/sc12.py): ``--p-command`` moves words between

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dlr_runtime.unknown_head import group
 from training.cards.probes.split_gap import clip_args, clip_setup
 from training.data.sc12 import SIL, UNK, clip_windows
 from training.data.vocab import NEAR_MISSES
@@ -62,12 +63,9 @@ def main() -> None:
         want = torch.tensor([index[str(w)] for w in words])
         union = fine[:, UNK:]  # (n, K)
         top5 = union.topk(5, dim=-1).indices
-        probs = fine.softmax(-1)
-        mass = probs[:, UNK:].max(-1).values / probs[:, UNK:].sum(-1)
-        best_command = fine[:, :SIL].max(-1).values
-        rest = fine[:, SIL]  # _silence_
-        by_sum = best_command > torch.maximum(torch.logsumexp(union, -1), rest)
-        by_max = best_command > torch.maximum(union.max(-1).values, rest)
+        mass = union.softmax(-1).max(-1).values  # the top class's share of the union
+        by_sum = group(fine, UNK + 1, "sum").argmax(-1) < SIL  # called a command
+        by_max = group(fine, UNK + 1, "max").argmax(-1) < SIL
         near = torch.from_numpy(np.isin(words, NEAR_MISSES))
         row: dict[str, float] = {"clips": float(len(unk))}
         for part, m in (("all", torch.ones_like(near)), ("near misses", near), ("other", ~near)):
