@@ -36,6 +36,7 @@ from torch import nn
 
 from .config import DLRConfig
 from .diagonal import TWO_PI, powers
+from .fft_conv import causal_conv
 
 __all__ = ["TWO_PI", "powers"]  # re-exported: the math lives in diagonal.py
 
@@ -64,6 +65,7 @@ def fft_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Causal convolution along the last axis: u (..., H, L) with k (H, L) -> (..., H, L).
 
     The FFT length is 2L >= L + L - 1, so no circular wrap-around reaches the kept outputs.
+    The reference: `fft_conv.causal_conv` is the same with a hand-written backward.
     """
     length = u.shape[-1]
     n = 2 * length
@@ -93,12 +95,16 @@ class DiagonalSSM(nn.Module):
         return kernel_from_params(self.recurrent_params(), length)
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
-        """u (B, L, H) -> y (B, L, H): the whole sequence as one FFT convolution."""
+        """u (B, L, H) -> y (B, L, H): the whole sequence as one FFT convolution
+        (`fft_conv.causal_conv`; `fft_causal_conv` is its reference).
+
+        The result is made contiguous: the position-wise layers after it (GELU and its
+        backward above all) run several times slower on the transposed view."""
         p = self.recurrent_params()
         k = kernel_from_params(p, u.shape[1]).to(u.dtype)  # (H, L)
         ut = u.transpose(1, 2)  # (B, H, L)
-        y = fft_causal_conv(ut, k) + p.D.to(u.dtype).unsqueeze(-1) * ut  # (B, H, L)
-        return y.transpose(1, 2)
+        y = causal_conv(ut, k) + p.D.to(u.dtype).unsqueeze(-1) * ut  # (B, H, L)
+        return y.transpose(1, 2).contiguous()
 
 
 class DLRLayer(DiagonalSSM):

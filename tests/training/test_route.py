@@ -169,3 +169,34 @@ def test_the_fixed_pcen_route_differs_from_the_pcen_one_by_the_fixed_flag_only()
         a, b = getattr(learnt, stage)(out, *name), getattr(fixed, stage)(out, *name)
         assert b.count("--pcen-fixed") == a.count("pcen")  # once per training stage, not the soup
         assert [w for w in b if w != "--pcen-fixed"] == a
+
+
+@pytest.mark.parametrize("path", sorted(ROUTE_FILES.glob("*.toml")), ids=lambda p: p.stem)
+def test_every_route_files_training_stages_parse_as_dlr_train_commands(path: Path):
+    from training.cli import parse
+
+    route = load_route(path)
+    out = Path("x")
+    stages = [route.base_args(out)] + [route.fine_tune_args(out, n) for n in route.fine_tunes]
+    for argv in stages:
+        args = parse(argv)  # exits 2 on an unknown or malformed flag
+        assert args.recipe == route.recipe
+
+
+def test_the_accents_route_fine_tunes_the_shipped_averages_four_ingredients():
+    """The shipped model (the fifteenth session's average) is the start averaged with four
+    3,000-step fine-tunes with the accented voices: plain, SpecAugment, engines drawn evenly,
+    near misses half the time. The accents route makes the same four from its own base."""
+    from training.cli import parse
+
+    route = load_route(ROUTE_FILES / "speech-commands-accents.toml")
+    assert list(route.fine_tunes) == ["plain", "spec_augment", "engines_balanced", "near_misses"]
+    assert route.soup.checkpoint == "ema" and route.soup.with_start
+    base = parse(route.base_args(Path("x")))
+    assert base.options.rhvoice_accents and base.options.more_engines and base.options.codecs
+    tunes = {n: parse(route.fine_tune_args(Path("x"), n)) for n in route.fine_tunes}
+    assert {n: a.train.steps for n, a in tunes.items()} == dict.fromkeys(tunes, 3000)
+    assert tunes["spec_augment"].options.freq_masks == 2
+    assert tunes["engines_balanced"].options.balance_engines
+    assert tunes["near_misses"].options.p_near_miss == 0.5
+    assert tunes["plain"].options.p_near_miss == 0.0
