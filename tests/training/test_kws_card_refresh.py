@@ -20,7 +20,7 @@ def test_shipped_card_round_trips() -> None:
     card = SHIPPED.read_text()
     notes, commands = parts(card)
     assert notes.startswith("## What misses") and "## Data" not in notes and "## Goals" not in notes
-    assert commands.startswith("git checkout ") and "```" not in commands
+    assert commands.startswith("python -m training.route ") and "```" not in commands
     assert refresh(card, notes, commands) == card
 
 
