@@ -35,22 +35,25 @@ import torchaudio.functional as AF
 
 from benchmarks.harness import ROOT, append_results, md_table
 from dlr_runtime import load_checkpoint
-from dlr_runtime.fft_conv import causal_conv
 from dlr_runtime.ssm import DiagonalSSM, fft_causal_conv, kernel_from_params
 from training.data.audio import change_speed
 
 FORMS = ("reference", "contiguous", "fast")
 
 
+SHIPPED_FORWARD = DiagonalSSM.forward  # the `fast` form is the runtime's own forward
+
+
 def ssm_forward(form: str) -> Callable[[DiagonalSSM, torch.Tensor], torch.Tensor]:
     """A DiagonalSSM.forward in one of FORMS (u (B, L, H) -> y (B, L, H))."""
-    conv = causal_conv if form == "fast" else fft_causal_conv
+    if form == "fast":
+        return SHIPPED_FORWARD
 
     def forward(self: DiagonalSSM, u: torch.Tensor) -> torch.Tensor:
         p = self.recurrent_params()
         k = kernel_from_params(p, u.shape[1]).to(u.dtype)  # (H, L)
         ut = u.transpose(1, 2)  # (B, H, L)
-        y = conv(ut, k) + p.D.to(u.dtype).unsqueeze(-1) * ut  # (B, H, L)
+        y = fft_causal_conv(ut, k) + p.D.to(u.dtype).unsqueeze(-1) * ut  # (B, H, L)
         return y.transpose(1, 2) if form == "reference" else y.transpose(1, 2).contiguous()
 
     return forward
@@ -122,7 +125,6 @@ def main() -> None:
     p.add_argument("--results", default=None)
     args = p.parse_args()
     torch.set_num_threads(1)
-    original = DiagonalSSM.forward
     rows: list[list[object]] = []
     try:
         for name, (model, x) in cases().items():
@@ -133,7 +135,7 @@ def main() -> None:
             rows.append([name, ms["reference"], ms["contiguous"], ms["fast"], ratio])
             print(name, {f: round(v, 2) for f, v in ms.items()}, flush=True)
     finally:
-        DiagonalSSM.forward = original  # type: ignore[method-assign]
+        DiagonalSSM.forward = SHIPPED_FORWARD  # type: ignore[method-assign]
     rows.append(resample_row(25 * args.calls))
     table = md_table(
         [

@@ -65,7 +65,8 @@ def fft_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Causal convolution along the last axis: u (..., H, L) with k (H, L) -> (..., H, L).
 
     The FFT length is 2L >= L + L - 1, so no circular wrap-around reaches the kept outputs.
-    The reference: `fft_conv.causal_conv` is the same with a hand-written backward.
+    This is the reference (autograd derives its backward); `fft_conv.causal_conv`, which
+    `DiagonalSSM.forward` calls, gives the same values with a hand-written backward.
     """
     length = u.shape[-1]
     n = 2 * length
