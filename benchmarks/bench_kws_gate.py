@@ -4,7 +4,7 @@ The server's continuous mode gates the model by default (`dlr_runtime/vad.py`): 
 gate calls silence are not computed, and each opening feeds a short pre-roll into the state
 the model had when the gate closed (or, with ``on_open="reset"``, into a zero state). This
 runs the evaluation's valid streams (the voices the operating point is chosen on;
-`dlr-eval speech`, the same seeds; ``--voices test`` to confirm a choice) through the gate at
+`dlr-eval speech`, the same corpus and seeds; ``--voices test`` to confirm a choice) through the gate at
 several settings, exactly as the server computes them (`dlr_runtime.listen.gated_scores`),
 and reports per setting:
 
@@ -36,9 +36,8 @@ from dlr_runtime.listen import gated_scores
 from dlr_runtime.vad import GateConfig
 from training.data.rooms import rir_bank
 from training.data.sc12 import SIL
-from training.eval_speech import split_streams, sweep
+from training.eval_speech import EvalOptions, scoring_pools, split_streams, sweep
 from training.operating_point import global_point
-from training.recipes.kws import KWSOptions, load_split
 from training.streams import Stream, match, score
 
 SETTINGS: dict[str, GateConfig] = {  # name -> gate (the first is the server's default)
@@ -106,8 +105,9 @@ def measure(
     training = meta.get("training", {})
     kws = training.get("recipe_options", {}).get("kws", {})
     seed = int(training.get("train", {}).get("seed", 0))
-    pools = load_split(KWSOptions(split=kws.get("split", "final")), seed)
-    rirs = rir_bank(KWSOptions().cache_dir, seed=seed)
+    opts = EvalOptions()
+    pools = scoring_pools(kws, kws.get("split", "final"), seed, opts)
+    rirs = rir_bank(opts.cache_dir, seed=seed)
     streams = split_streams(pools, voices, minutes, rirs, seed)
     rec = to_recurrent(model, dtype=torch.complex64)
     labels = list(model.config.labels)

@@ -293,6 +293,27 @@ def sweep(
     return out
 
 
+def scoring_pools(
+    kws_opts: dict[str, Any], split: str, seed: int, opts: EvalOptions
+) -> dict[str, WordPool]:
+    """The word pools a model is scored on: split `split` of the corpus it was trained on
+    (its metadata's kws options `kws_opts`: the small corpus, the three opt-in engines), with
+    the accented voices `opts` asks for. dlr-eval speech and the benchmarks that score its
+    streams build them here, so both score the same voices."""
+    return load_split(
+        KWSOptions(
+            cache_dir=opts.cache_dir,
+            split=split,
+            tiny_corpus=bool(kws_opts.get("tiny_corpus", False)),
+            more_engines=opts.more_engines or bool(kws_opts.get("more_engines", False)),
+            rhvoice_accents=opts.rhvoice_accents,
+            pico_accents=opts.pico_accents,
+            mbrola_accents=opts.mbrola_accents,
+        ),
+        seed,
+    )
+
+
 def evaluate(model_dir: str | Path, opts: EvalOptions) -> dict[str, Any]:
     """Run every evaluation of the module docstring; returns (and writes) the results."""
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -316,20 +337,8 @@ def evaluate(model_dir: str | Path, opts: EvalOptions) -> dict[str, Any]:
     labels = list(cfg.labels)
     frame_ms = 1000 * cfg.frame_stride / cfg.sample_rate
     base = KWSConfig.from_metadata(meta)
-    tiny = bool(kws_opts.get("tiny_corpus", False))
     more = opts.more_engines or bool(kws_opts.get("more_engines", False))
-    pools = load_split(
-        KWSOptions(
-            cache_dir=opts.cache_dir,
-            split=split,
-            tiny_corpus=tiny,
-            more_engines=more,
-            rhvoice_accents=opts.rhvoice_accents,
-            pico_accents=opts.pico_accents,
-            mbrola_accents=opts.mbrola_accents,
-        ),
-        seed,
-    )
+    pools = scoring_pools(kws_opts, split, seed, opts)
     rirs = rir_bank(opts.cache_dir, seed=seed)
     test = pools["test"]
     idx = clip_sample(len(test), opts.max_clips, seed)

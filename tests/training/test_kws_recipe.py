@@ -18,12 +18,12 @@ from training.data.rooms import rir_bank
 from training.data.sc12 import SIL, UNK
 from training.data.vocab import SC12_LABELS, unknown_words
 from training.eval_cli import main as eval_main
-from training.eval_speech import split_streams
+from training.eval_speech import EvalOptions, scoring_pools, split_streams
 from training.kws_calibrate import main as calibrate_main
 from training.kws_card import main as card_main
 from training.kws_card_refresh import main as refresh_main
 from training.kws_folds import loso_records, route
-from training.recipes.kws import KWSOptions, load_split
+from training.recipes.kws import KWSOptions
 from training.soup import main as soup_main
 from training.split_unknown import main as split_main
 from training.widen_frontend import main as widen_main
@@ -89,7 +89,8 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     # the probes' and benchmarks' rebuild of the evaluation's streams is the evaluation's own
     cache = tmp_path / "cache"
     seed = res["seed"]
-    pools = load_split(KWSOptions(cache_dir=cache, split=res["split"], tiny_corpus=True), seed)
+    kws_opts = model.checkpoint_metadata["training"]["recipe_options"]["kws"]
+    pools = scoring_pools(kws_opts, res["split"], seed, EvalOptions(cache_dir=str(cache)))
     for name in ("valid", "test"):
         rebuilt = split_streams(pools, name, 0.5, rir_bank(cache, seed=seed), seed, 0.5)
         n = sum(e.label < SIL for s in rebuilt for e in s.events)
@@ -357,3 +358,18 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     assert all(torch.equal(src[k], got[k]) for k in src if k != "head.proj.bias")
     with pytest.raises(SystemExit):
         calibrate_main([str(soup), "--false-accept", "1.5", "--out", str(tmp_path / "x")])
+
+
+def test_scoring_pools_follow_the_models_corpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pools a model is scored on (dlr-eval speech, bench_kws_gate) are the corpus its
+    metadata names: a model trained with the three opt-in engines is scored with their test
+    voices, whoever rebuilds its streams."""
+    import training.eval_speech as eval_speech
+
+    seen: list[KWSOptions] = []
+    monkeypatch.setattr(eval_speech, "load_split", lambda opts, seed: seen.append(opts) or {})
+    opts = EvalOptions(cache_dir="c", rhvoice_accents=True)
+    eval_speech.scoring_pools({"more_engines": True}, "final", 3, opts)
+    eval_speech.scoring_pools({"tiny_corpus": True}, "loso-flite", 3, EvalOptions())
+    assert (seen[0].more_engines, seen[0].rhvoice_accents, seen[0].cache_dir) == (True, True, "c")
+    assert (seen[1].more_engines, seen[1].tiny_corpus, seen[1].split) == (False, True, "loso-flite")
