@@ -4,8 +4,8 @@ The server's continuous mode gates the model by default (`dlr_runtime/vad.py`): 
 gate calls silence are not computed, and each opening feeds a short pre-roll into the state
 the model had when the gate closed (or, with ``on_open="reset"``, into a zero state). This
 runs the evaluation's valid streams (the voices the operating point is chosen on;
-`dlr-eval speech`, the same corpus and seeds; ``--voices test`` to confirm a choice) through the gate at
-several settings, exactly as the server computes them (`dlr_runtime.listen.gated_scores`),
+`dlr-eval speech`, the same corpus and seeds; ``--voices test`` to confirm a choice) through
+the gate at several settings, exactly as the server computes them (`dlr_runtime.listen.gated_scores`),
 and reports per setting:
 
 - the share of frames the model computes (the gate's saving; ungated = 100 %);

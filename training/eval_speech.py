@@ -293,6 +293,12 @@ def sweep(
     return out
 
 
+def with_more_engines(kws_opts: dict[str, Any], opts: EvalOptions) -> bool:
+    """Whether a model is scored with the three opt-in engines: it trained with them (its
+    metadata's kws options `kws_opts`) or `opts` asks for them."""
+    return opts.more_engines or bool(kws_opts.get("more_engines", False))
+
+
 def scoring_pools(
     kws_opts: dict[str, Any], split: str, seed: int, opts: EvalOptions
 ) -> dict[str, WordPool]:
@@ -305,7 +311,7 @@ def scoring_pools(
             cache_dir=opts.cache_dir,
             split=split,
             tiny_corpus=bool(kws_opts.get("tiny_corpus", False)),
-            more_engines=opts.more_engines or bool(kws_opts.get("more_engines", False)),
+            more_engines=with_more_engines(kws_opts, opts),
             rhvoice_accents=opts.rhvoice_accents,
             pico_accents=opts.pico_accents,
             mbrola_accents=opts.mbrola_accents,
@@ -337,7 +343,7 @@ def evaluate(model_dir: str | Path, opts: EvalOptions) -> dict[str, Any]:
     labels = list(cfg.labels)
     frame_ms = 1000 * cfg.frame_stride / cfg.sample_rate
     base = KWSConfig.from_metadata(meta)
-    more = opts.more_engines or bool(kws_opts.get("more_engines", False))
+    more = with_more_engines(kws_opts, opts)
     pools = scoring_pools(kws_opts, split, seed, opts)
     rirs = rir_bank(opts.cache_dir, seed=seed)
     test = pools["test"]

@@ -5,9 +5,9 @@ one basin of the loss? A weight average (`training.soup`) only helps members tha
 runs of the route from the same seed share their initial weights and their data order, and
 differ in what came after (here, the base's schedule). This walks the straight line between
 their weights, w = (1 - t) a + t b, and scores each point on clean clips of the valid voices
-(a fixed sample, the evaluation's `sc12.clip_windows`): commands given their label and unknown
-words called a command, both by argmax over the last frame. A large dip in the middle means two
-basins; none, one.
+(a fixed sample of the corpus `dlr-eval speech` scores it on, as the evaluation's
+`sc12.clip_windows`): commands given their label and unknown words called a command, both by
+argmax over the last frame. A large dip in the middle means two basins; none, one.
 
     PYTHONPATH=. python training/cards/probes/route_interpolation.py \\
         runs/route_accents/soup/model runs/route34/soup/model [--clips 1500] [--points 5]
@@ -23,7 +23,8 @@ import torch
 from dlr_runtime import load_checkpoint
 from training.data.rooms import rir_bank
 from training.data.sc12 import SIL, UNK, clip_windows
-from training.recipes.kws import KWSOptions, last_frame_scores, load_split
+from training.eval_speech import EvalOptions, scoring_pools
+from training.recipes.kws import last_frame_scores
 
 
 def main() -> None:
@@ -37,8 +38,8 @@ def main() -> None:
     torch.set_num_threads(2)
     first, second = load_checkpoint(a.a).eval(), load_checkpoint(a.b).eval()
     kws = first.checkpoint_metadata["training"]["recipe_options"]["kws"]
-    opts = KWSOptions(split=kws.get("split", "final"), more_engines=kws.get("more_engines", False))
-    valid = load_split(opts, a.seed)["valid"]
+    opts = EvalOptions()
+    valid = scoring_pools(kws, kws.get("split", "final"), a.seed, opts)["valid"]
     rng = np.random.default_rng(a.seed)
     idx = np.sort(rng.choice(len(valid), min(a.clips, len(valid)), replace=False))
     audio = clip_windows(valid, idx, rir_bank(opts.cache_dir, seed=a.seed), a.seed, augment=False)
