@@ -29,6 +29,10 @@
    each opening feeds its pre-roll into the state the gate closed with; `dlr_runtime/vad.py`).
    ``anatomy`` splits the mistakes at the operating point by kind (``stream_anatomy.py``):
    false accepts by the word they fired on, missed commands by how close they came.
+   ``intervals`` (valid and test) gives the recall within each false-accept target, and the
+   recall and false accepts per hour at a shared-threshold operating point, with 95 % intervals
+   over resamples of the stream pieces (``stream_bootstrap.py``): in one hour a target of
+   10 FA/h is ten events, and one more or less moves the recall by points.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from training.kws_calibrate import sweep as bias_sweep
 from training.operating_point import ChosenPoint, choose_point, global_point
 from training.recipes.kws import KWSOptions, load_split
 from training.stream_anatomy import anatomy
+from training.stream_bootstrap import compare, piece_counts, point_intervals
 from training.streams import StreamScore, build_stream, score, stream_scores
 
 THRESHOLDS = (
@@ -293,6 +298,37 @@ def sweep(
     return out
 
 
+def stream_intervals(
+    per_stream: list,
+    labels: list[str],
+    frame_ms: float,
+    base: KWSConfig,
+    threshold: float | None,
+    resamples: int = 2000,
+) -> dict[str, Any] | None:
+    """How sure the stream figures are (training/stream_bootstrap.py): the recall within each of
+    DET_TARGETS false accepts per hour and, at the shared `threshold` (None: per-command
+    thresholds, skipped), recall and false accepts per hour, each with its 95 % interval over
+    resamples of the stream pieces; None for a single piece."""
+    if len(per_stream) < 2:
+        return None
+    counts = piece_counts([sweep([p], labels, frame_ms, base) for p in per_stream])
+    cmp = compare({"model": counts}, DET_TARGETS, resamples=resamples)
+    out: dict[str, Any] = {
+        "pieces": counts.pieces,
+        "level": cmp.level,
+        "resamples": resamples,
+        "within": [
+            {"fa_target": t, "recall": iv.value, "low": iv.low, "high": iv.high}
+            for t, iv in zip(cmp.targets, cmp.recall["model"], strict=True)
+        ],
+    }
+    if threshold is not None:
+        recall, fa = point_intervals(counts, threshold, resamples)
+        out["at_operating_point"] = {"recall": asdict(recall), "fa_per_hour": asdict(fa)}
+    return out
+
+
 def with_more_engines(kws_opts: dict[str, Any], opts: EvalOptions) -> bool:
     """Whether a model is scored with the three opt-in engines: it trained with them (its
     metadata's kws options `kws_opts`) or `opts` asks for them."""
@@ -449,6 +485,9 @@ def _stream_eval(model, pools, rirs, seed, labels, frame_ms, base, opts, out) ->
     )
     res["test_at_operating_point"] = at.summary()
     res["valid_at_operating_point"] = chosen.valid.summary()
+    shared = chosen.config.threshold if chosen.rule == "global" else None
+    for name in ("valid", "test"):
+        res[name]["intervals"] = stream_intervals(per[name], labels, frame_ms, base, shared)
     # what the mistakes at that point are made of (training/stream_anatomy.py)
     res["anatomy"] = {
         name: anatomy(per[name], labels, frame_ms, chosen.config).summary()

@@ -128,11 +128,18 @@ def _stream_table(ev: dict[str, Any]) -> str:
     rows.append("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name in ("valid", "test"):
         p = st[f"{name}_at_operating_point"]
+        at = (st[name].get("intervals") or {}).get("at_operating_point")
+        recall, fa = pct(p["recall"]), f"{p['fa_per_hour']:.2f}"
+        if at:
+            r, f = at["recall"], at["fa_per_hour"]
+            recall += f" [{100 * r['low']:.1f}, {100 * r['high']:.1f}]"
+            fa += f" [{f['low']:.1f}, {f['high']:.1f}]"
         rows.append(
-            f"| {name} | {p['hours']:.2f} | {p['commands']} | {p['threshold']} | {pct(p['recall'])} | "
-            f"{p['fa_per_hour']:.2f} | {p['delay_median_s']:.2f} s | {p['delay_p90_s']:.2f} s |"
+            f"| {name} | {p['hours']:.2f} | {p['commands']} | {p['threshold']} | {recall} | "
+            f"{fa} | {p['delay_median_s']:.2f} s | {p['delay_p90_s']:.2f} s |"
         )
     rows.append("")
+    rows += _interval_rows(st)
     rows.append("Test streams over thresholds (the DET curve, `det.png`):")
     rows.append("")
     rows.append("| threshold | recall | false accepts / h |")
@@ -140,6 +147,31 @@ def _stream_table(ev: dict[str, Any]) -> str:
     for p in st["test"]["curve"]:
         rows.append(f"| {p['threshold']} | {pct(p['recall'])} | {p['fa_per_hour']:.2f} |")
     return "\n".join(rows)
+
+
+def _interval_rows(st: dict[str, Any]) -> list[str]:
+    """The recall within each false-accept target on both splits with its bootstrap interval
+    over the stream pieces (`dlr-eval speech` writes them; absent in older evaluations)."""
+    ivs = {name: st[name].get("intervals") for name in ("valid", "test")}
+    if not all(ivs.values()):
+        return []
+    valid, test = ivs["valid"], ivs["test"]
+    rows = [
+        f"How sure these figures are: in brackets above and below, {100 * valid['level']:.0f} % "
+        f"intervals over {valid['resamples']} resamples of the stream pieces ({valid['pieces']} "
+        f"valid and {test['pieces']} test pieces of 5 minutes; `training/stream_bootstrap.py`). "
+        "Best recall within each number of false accepts per hour, a threshold picked on the "
+        "same streams:",
+        "",
+        "| false accepts / h (at most) | valid streams | test streams |",
+        "|---:|---:|---:|",
+    ]
+    for v, t in zip(valid["within"], test["within"], strict=True):
+        cells = [
+            f"{pct(x['recall'])} [{100 * x['low']:.1f}, {100 * x['high']:.1f}]" for x in (v, t)
+        ]
+        rows.append(f"| {v['fa_target']:g} | {cells[0]} | {cells[1]} |")
+    return [*rows, ""]
 
 
 def _runs_options(summary: dict[str, Any]) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from training.data.rooms import rir_bank
 from training.data.sc12 import SIL, UNK
 from training.data.vocab import SC12_LABELS, unknown_words
 from training.eval_cli import main as eval_main
-from training.eval_speech import EvalOptions, scoring_pools, split_streams
+from training.eval_speech import DET_TARGETS, EvalOptions, scoring_pools, split_streams
 from training.kws_calibrate import main as calibrate_main
 from training.kws_card import main as card_main
 from training.kws_card_refresh import main as refresh_main
@@ -39,12 +39,20 @@ pytestmark = [
 ]
 
 
+def global_point_of(curve: list[dict], fa_target: float) -> dict:
+    """The operating-point rule on a stored curve: the lowest threshold within the target
+    (the highest when none is)."""
+    ok = [p for p in curve if p["fa_per_hour"] <= fa_target]
+    return min(ok, key=lambda p: p["threshold"]) if ok else max(curve, key=lambda p: p["threshold"])
+
+
 def quick_eval(model: Path, cache: Path, clips: int, silence: int) -> int:
-    """`dlr-eval speech` on a few clips and half a minute of streams, writing the point."""
+    """`dlr-eval speech` on a few clips and half a minute of streams (two pieces each, so the
+    recall gets its intervals), writing the point."""
     return eval_main(
         ["speech", str(model), "--cache-dir", str(cache), "--max-clips", str(clips),
          "--silence-clips", str(silence), "--stream-minutes", "0.5", "--valid-stream-minutes",
-         "0.5", "--stream-piece-minutes", "0.5", "--write-operating-point"]
+         "0.5", "--stream-piece-minutes", "0.25", "--write-operating-point"]
     )  # fmt: skip
 
 
@@ -92,10 +100,22 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     kws_opts = model.checkpoint_metadata["training"]["recipe_options"]["kws"]
     pools = scoring_pools(kws_opts, res["split"], seed, EvalOptions(cache_dir=str(cache)))
     for name in ("valid", "test"):
-        rebuilt = split_streams(pools, name, 0.5, rir_bank(cache, seed=seed), seed, 0.5)
+        rebuilt = split_streams(pools, name, 0.5, rir_bank(cache, seed=seed), seed, 0.25)
         n = sum(e.label < SIL for s in rebuilt for e in s.events)
+        assert len(rebuilt) == 2
         assert n == res["streams"][f"{name}_at_operating_point"]["commands"] > 0
         assert sum(s.hours for s in rebuilt) == res["streams"][name]["hours"]
+        # each target's recall is the curve's at that target, inside its interval
+        ivs = res["streams"][name]["intervals"]
+        assert ivs["pieces"] == 2
+        assert [iv["fa_target"] for iv in ivs["within"]] == list(DET_TARGETS)
+        for iv in ivs["within"]:
+            at = global_point_of(res["streams"][name]["curve"], iv["fa_target"])
+            assert iv["recall"] == pytest.approx(at["recall"])
+            assert iv["low"] <= iv["recall"] <= iv["high"]
+        at, at_iv = res["streams"][f"{name}_at_operating_point"], ivs["at_operating_point"]
+        assert at_iv["recall"]["value"] == pytest.approx(at["recall"])
+        assert at_iv["fa_per_hour"]["value"] == pytest.approx(at["fa_per_hour"])
     with pytest.raises(ValueError, match="streams are built for"):
         split_streams(pools, "train", 0.5, [], 0)
     # overlapping 40 ms windows, fine-tuned from the per-frame weights (same shapes): the
@@ -260,6 +280,11 @@ def test_kws_train_resume_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture
     )
     text = (tmp_path / "card" / "MODEL.md").read_text()
     assert "- **What was tried.** Nothing yet." in text
+    # the stream figures with their intervals over the pieces (two per split here)
+    assert "How sure these figures are" in text and "(2 valid and 2 test pieces" in text
+    table = text.split("| voices | hours | commands | threshold |")[1].splitlines()
+    test_row = next(r for r in table if r.startswith("| test | "))
+    assert test_row.count("[") == 2  # recall and false accepts per hour
     block = text.split("## Commands")[1].split("```")[1].splitlines()
     assert block[3:5] == ["dlr-eval speech runs/x/model --stream-minutes 0   # one", "second line"]
     assert block[5].endswith(f"--notes {notes} --commands {commands}")
