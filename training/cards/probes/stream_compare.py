@@ -34,7 +34,6 @@ from dlr_runtime.kws import KWSConfig
 from training.data.rooms import rir_bank
 from training.eval_speech import EvalOptions, scoring_pools, split_streams, sweep
 from training.stream_bootstrap import (
-    Comparison,
     PieceCounts,
     compare,
     piece_counts,
@@ -122,32 +121,43 @@ def ensemble(members: list[Scored], smooth_ms: float) -> Scored:
     return Scored(scores, first.streams, first.labels, first.frame_ms, base, first.seed)
 
 
-def plot(cmp: Comparison, title: str, path: Path) -> None:
-    """Recall within each target with its interval (left), each model minus the first (right)."""
+def _band(ax, x: np.ndarray, ivs: list[dict], color: str, label: str) -> None:
+    """One line of values (as percentages) with its interval shaded."""
+    ax.plot(x, [100 * i["value"] for i in ivs], marker="o", color=color, label=label)
+    lo, hi = [100 * i["low"] for i in ivs], [100 * i["high"] for i in ivs]
+    ax.fill_between(x, lo, hi, color=color, alpha=0.12)
+
+
+def plot(results: list[dict], path: Path) -> None:
+    """Per split (a row each, from the ``--json`` files): recall within each target with its
+    interval (left), each model minus the first (right); one colour per model throughout."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    x = np.array(cmp.targets)
-    for n in cmp.names:
-        iv = cmp.recall[n]
-        a.plot(x, [100 * i.value for i in iv], marker="o", label=n)
-        a.fill_between(x, [100 * i.low for i in iv], [100 * i.high for i in iv], alpha=0.15)
-    for n in cmp.names[1:]:
-        iv = cmp.diff[n]
-        b.plot(x, [100 * i.value for i in iv], marker="o", label=f"{n} - {cmp.names[0]}")
-        b.fill_between(x, [100 * i.low for i in iv], [100 * i.high for i in iv], alpha=0.15)
-    b.axhline(0, color="k", lw=0.8)
-    for ax, ylab in ((a, "recall (%)"), (b, "difference in recall (points, paired)")):
-        ax.set_xscale("log")
-        ax.set_xticks(x, [f"{t:g}" for t in x])
-        ax.set_xlabel("false accepts per hour (at most)")
-        ax.set_ylabel(ylab)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{title}; bands: {100 * cmp.level:.0f} % bootstrap intervals over pieces")
+    fig, axes = plt.subplots(len(results), 2, figsize=(11, 4.2 * len(results)), squeeze=False)
+    for (a, b), res in zip(axes, results, strict=True):
+        cmp = res["comparison"]
+        names = list(cmp["models"])
+        x = np.array(cmp["targets"])
+
+        for k, n in enumerate(names):
+            _band(a, x, cmp["models"][n]["recall"], f"C{k}", n)
+            if k:
+                _band(b, x, cmp["models"][n]["diff_from_first"], f"C{k}", f"{n} - {names[0]}")
+        b.axhline(0, color="k", lw=0.8)
+        title = f"{res['split']} streams: {cmp['pieces']} pieces, {res['hours']:.1f} h"
+        for ax, ylab in ((a, "recall (%)"), (b, "difference in recall (points, paired)")):
+            ax.set_xscale("log")
+            ax.set_xticks(x, [f"{t:g}" for t in x])
+            ax.set_xlabel("false accepts per hour (at most)")
+            ax.set_ylabel(ylab)
+            ax.set_title(title, fontsize=10)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    level = 100 * results[0]["comparison"]["level"]
+    fig.suptitle(f"bands: {level:.0f} % bootstrap intervals over resamples of the stream pieces")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -155,7 +165,7 @@ def plot(cmp: Comparison, title: str, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("models", nargs="+", metavar="NAME=MODEL_DIR")
+    ap.add_argument("models", nargs="*", metavar="NAME=MODEL_DIR")
     ap.add_argument("--split", default="valid", choices=("valid", "test"))
     ap.add_argument("--minutes", type=float, default=60.0)
     ap.add_argument("--targets", type=float, nargs="+", default=[1.0, 2.0, 5.0, 10.0, 20.0])
@@ -169,7 +179,16 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--ensemble-smooth-ms", type=float, default=300.0)
     ap.add_argument("--png", default="", help="also plot the recalls and the differences")
+    ap.add_argument(
+        "--replot", nargs="*", default=[], metavar="JSON",
+        help="only draw --png from earlier --json files (one row each; no models are scored)",
+    )  # fmt: skip
     args = ap.parse_args()
+    if args.replot:
+        plot([json.loads(Path(f).read_text()) for f in args.replot], Path(args.png))
+        return
+    if not args.models:
+        ap.error("name at least one NAME=MODEL_DIR (or --replot earlier --json files)")
     torch.set_num_threads(1)
     runs, dirs = {}, {}
     for arg in args.models:
@@ -222,12 +241,12 @@ def main() -> None:
             f"| {n} | {r.base.threshold:g} over {r.base.smooth_ms:g} ms | {rec.fmt()} | "
             f"{fa.fmt(scale=1.0)} |"
         )
+    out = {"split": args.split, "minutes": args.minutes, "hours": hours, "commands": cmds,
+           "models": {n: {"dir": dirs[n], **info[n]} for n in cmp.names},
+           "comparison": cmp.to_dict(), "operating_points": points}  # fmt: skip
     if args.png:
-        plot(cmp, f"{args.split} streams: {cmp.pieces} pieces, {hours:.1f} h", Path(args.png))
+        plot([out], Path(args.png))
     if args.json:
-        out = {"split": args.split, "minutes": args.minutes, "hours": hours, "commands": cmds,
-               "models": {n: {"dir": dirs[n], **info[n]} for n in cmp.names},
-               "comparison": cmp.to_dict(), "operating_points": points}  # fmt: skip
         Path(args.json).write_text(json.dumps(out, indent=1))
 
 
