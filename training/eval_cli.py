@@ -99,8 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for kind in ("clean", "augmented"):
                 brief[kind] = {k: v for k, v in res[kind].items() if k not in ("per_voice",)}
             if "streams" in res:
-                brief["streams"] = {
-                    k: v for k, v in res["streams"].items() if k not in ("valid", "test")
+                st = res["streams"]
+                brief["streams"] = {k: v for k, v in st.items() if k not in ("valid", "test")}
+                brief["streams"]["intervals"] = {
+                    n: st[n].get("intervals") for n in ("valid", "test")
                 }
             print(json.dumps(brief, indent=1))
         case LosoArgs(model_dirs=model_dirs, eval=opts, table=out):

@@ -52,6 +52,7 @@ from dlr_runtime.kws import KeywordSpotter, KWSConfig, commands_of
 from training.data.rooms import rir_bank
 from training.data.sc12 import SIL, UNK, WordPool, clip_windows, silence_windows
 from training.data.vocab import NEAR_MISSES
+from training.detect_sweep import fire, smoothed
 from training.kws_calibrate import sweep as bias_sweep
 from training.operating_point import ChosenPoint, choose_point, global_point
 from training.recipes.kws import KWSOptions, load_split
@@ -291,10 +292,14 @@ def split_streams(
 def sweep(
     per_stream: list, labels: list[str], frame_ms: float, base: KWSConfig
 ) -> list[StreamScore]:
+    """`base` at each of THRESHOLDS shared by every command, scored over `per_stream`; each
+    stream smoothed once (training/detect_sweep.py: the reference rule's detections)."""
+    sms = [smoothed(x, labels, frame_ms, base) for x, _ in per_stream]
     out = []
     for t in THRESHOLDS:
         cfg = KWSConfig(**{**asdict(base), "threshold": t, "keywords": {}})
-        out.append(score(per_stream, labels, frame_ms, cfg))
+        dets = [fire(sm, labels, cfg) for sm in sms]
+        out.append(score(per_stream, labels, frame_ms, cfg, dets))
     return out
 
 

@@ -237,11 +237,16 @@ def score(
     labels: list[str],
     frame_ms: float,
     config: KWSConfig,
+    detections: list[list[Detection]] | None = None,
 ) -> StreamScore:
-    """Recall / false accepts / delays of the decision rule at `config` over every stream."""
+    """Recall / false accepts / delays of the decision rule at `config` over every stream
+    (`detections`: each stream's, already found at `config`; else the rule runs here)."""
     total = StreamScore(config.threshold, 0, 0, 0, 0.0, [])
-    for scores, stream in per_stream:
-        dets = KeywordSpotter(labels, frame_ms, config).run(scores)
+    for k, (scores, stream) in enumerate(per_stream):
+        if detections is None:
+            dets = KeywordSpotter(labels, frame_ms, config).run(scores)
+        else:
+            dets = detections[k]
         m = match(dets, stream.events, labels)
         cmds = [labels[e.label] for e in stream.events if e.label < SIL]
         total.commands += len(cmds)
