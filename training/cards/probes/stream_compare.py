@@ -9,6 +9,8 @@ the pieces (``training/stream_bootstrap.py``) and prints each model's recall wit
 the first model on the same resamples (paired). ``--ensemble NAME=A+B`` adds the output
 ensemble of models named before it (their mean log-posteriors per frame, read at
 ``--ensemble-smooth-ms``): what serving several models at once would give on the same streams.
+``--rule NAME=FIELD:VALUE,...`` adds the first model read by another decision rule (fields of
+``KWSConfig``: ``rearm``, ``refractory_ms``, ``smooth_ms``), its thresholds swept as any model's.
 
 Each model's per-piece frame scores are kept in ``--cache`` (``NAME.npz``; the file records the
 model folder, split and seed, and is rebuilt when they differ or it holds fewer pieces; fewer
@@ -178,6 +180,10 @@ def main() -> None:
         help="also an output ensemble of models named above (mean log-posteriors)",
     )  # fmt: skip
     ap.add_argument("--ensemble-smooth-ms", type=float, default=300.0)
+    ap.add_argument(
+        "--rule", nargs="*", default=[], metavar="NAME=FIELD:VALUE,...",
+        help="also the first model under another decision rule, e.g. late=refractory_ms:1600",
+    )  # fmt: skip
     ap.add_argument("--png", default="", help="also plot the recalls and the differences")
     ap.add_argument(
         "--replot", nargs="*", default=[], metavar="JSON",
@@ -197,6 +203,12 @@ def main() -> None:
         dirs[name] = folder
     if args.score_only:
         return
+    first = next(iter(runs))
+    for arg in args.rule:  # the first model read by another decision rule
+        name, _, fields = arg.partition("=")
+        changes = {k: float(v) for k, v in (f.split(":") for f in fields.split(","))}
+        runs[name] = replace(runs[first], base=replace(runs[first].base, **changes))
+        dirs[name] = f"{dirs[first]} ({fields})"
     for arg in args.ensemble:
         name, _, members = arg.partition("=")
         runs[name] = ensemble([runs[m] for m in members.split("+")], args.ensemble_smooth_ms)
