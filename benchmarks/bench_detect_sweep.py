@@ -44,7 +44,8 @@ def main() -> None:
     opts = EvalOptions()
     pools = scoring_pools(kws, kws.get("split", "final"), seed, opts)
     streams = split_streams(pools, "valid", 5.0 * args.pieces, rir_bank(opts.cache_dir, seed), seed)
-    labels, frame_ms = list(model.config.labels), 20.0
+    cfg = model.config
+    labels, frame_ms = list(cfg.labels), 1000 * cfg.frame_stride / cfg.sample_rate
     base = KWSConfig.from_metadata(meta)
     configs = [KWSConfig(**{**asdict(base), "threshold": t, "keywords": {}}) for t in THRESHOLDS]
     rows = []

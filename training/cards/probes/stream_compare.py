@@ -13,7 +13,7 @@ ensemble of models named before it (their mean log-posteriors per frame, read at
 ``KWSConfig``: ``rearm``, ``refractory_ms``, ``smooth_ms``), its thresholds swept as any model's.
 
 Each model's per-piece frame scores are kept in ``--cache`` (``NAME.npz``; the file records the
-model folder, split and seed, and is rebuilt when they differ or it holds fewer pieces; fewer
+model folder, its weights' sha256, split and seed, and is rebuilt when they differ or it holds fewer pieces; fewer
 ``--minutes`` read the first pieces of a longer run), so two shells can score two models
 side by side (``--score-only``) and a third run reads both.
 
@@ -24,6 +24,7 @@ side by side (``--score-only``) and a third run reads both.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -79,7 +80,13 @@ def scored(name: str, model_dir: str, split: str, minutes: float, cache: Path) -
     pools = scoring_pools(kws_opts, kws_opts.get("split", "final"), seed, opts)
     rirs = rir_bank(opts.cache_dir, seed=seed)
     streams: list[Stream] = split_streams(pools, split, minutes, rirs, seed)
-    key = {"model": str(Path(model_dir).resolve()), "split": split, "seed": seed}
+    weights = hashlib.sha256((Path(model_dir) / "model.safetensors").read_bytes()).hexdigest()
+    key = {
+        "model": str(Path(model_dir).resolve()),
+        "weights": weights,
+        "split": split,
+        "seed": seed,
+    }
     path = cache / f"{name}.npz"
     scores: list[np.ndarray] | None = None
     if path.exists():  # pieces are nested: a longer run's first pieces are a shorter run's
@@ -206,7 +213,11 @@ def main() -> None:
     first = next(iter(runs))
     for arg in args.rule:  # the first model read by another decision rule
         name, _, fields = arg.partition("=")
-        changes = {k: float(v) for k, v in (f.split(":") for f in fields.split(","))}
+        try:
+            changes = {k: float(v) for k, v in (f.split(":") for f in fields.split(","))}
+            replace(runs[first].base, **changes)
+        except (TypeError, ValueError) as e:
+            ap.error(f"--rule {arg!r}: want NAME=FIELD:NUMBER,... with KWSConfig fields ({e})")
         runs[name] = replace(runs[first], base=replace(runs[first].base, **changes))
         dirs[name] = f"{dirs[first]} ({fields})"
     for arg in args.ensemble:
